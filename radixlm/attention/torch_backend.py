@@ -1,0 +1,103 @@
+"""Torch attention backend: scaled_dot_product_attention over K/V gathered from the pool.
+
+Runs on any device torch runs on. Extend loops over requests (one SDPA call each, work
+per step grows with the batch, not the tokens); decode is one batched SDPA over K/V
+gathered into a padded [B, max_seq_len] layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixlm.attention.radix_attention import RadixAttention
+    from radixlm.executor.forward_batch import ForwardBatch
+
+
+@dataclass
+class _DecodeMetadata:
+    kv_index: torch.Tensor  # [B, L] int64 KV slots; padded positions point at dummy slot 0
+    mask: torch.Tensor  # [B, 1, 1, L] bool, True where the key is real
+
+
+@dataclass
+class _ExtendMetadata:
+    # Per request: the KV slots of all its positions [seq_len] and the bool causal mask
+    # [extend_len, seq_len] (None when there is no prefix: plain is_causal).
+    kv_indices: list[torch.Tensor]
+    masks: list[torch.Tensor | None]
+    token_offsets: list[int]  # start of each request's tokens in the flat T dimension
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self.decode_md: _DecodeMetadata | None = None
+        self.extend_md: _ExtendMetadata | None = None
+
+    def init_forward_metadata(self, fb: "ForwardBatch") -> None:
+        req_to_token = fb.req_to_token_pool.req_to_token
+        if fb.forward_mode.is_decode():
+            max_len = max(fb.seq_lens_cpu)
+            rows = req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)
+            ar = torch.arange(max_len, device=rows.device)
+            real = ar[None, :] < fb.seq_lens[:, None]
+            self.decode_md = _DecodeMetadata(kv_index=rows.masked_fill(~real, 0),
+                                             mask=real[:, None, None, :])
+            return
+        kv_indices, masks, offsets = [], [], []
+        offset = 0
+        rows_cpu = fb.req_pool_indices.tolist()
+        for row, prefix, ext in zip(rows_cpu, fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu):
+            seq = prefix + ext
+            kv_indices.append(req_to_token[row, :seq].to(torch.int64))
+            if prefix == 0:
+                masks.append(None)
+            else:
+                # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
+                q_pos = torch.arange(prefix, seq, device=req_to_token.device)
+                k_pos = torch.arange(seq, device=req_to_token.device)
+                masks.append(k_pos[None, :] <= q_pos[:, None])
+            offsets.append(offset)
+            offset += ext
+        self.extend_md = _ExtendMetadata(kv_indices, masks, offsets)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
+        pool = fb.token_to_kv_pool
+        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+        k_buf, v_buf = pool.get_kv(layer.layer_id)
+        if fb.forward_mode.is_decode():
+            return self._decode(q, k_buf, v_buf, layer)
+        return self._extend(q, k_buf, v_buf, layer, fb)
+
+    def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                layer: "RadixAttention") -> torch.Tensor:
+        md = self.decode_md
+        # [B, L, kvh, d] -> [B, kvh, L, d]
+        k = k_buf[md.kv_index].transpose(1, 2).to(q.dtype)
+        v = v_buf[md.kv_index].transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=md.mask,
+                                             scale=layer.scaling,
+                                             enable_gqa=layer.num_heads != layer.num_kv_heads)
+        return out.squeeze(2)  # [B, heads, d]
+
+    def _extend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
+        md = self.extend_md
+        out = torch.empty_like(q)
+        gqa = layer.num_heads != layer.num_kv_heads
+        for idx, mask, off, ext in zip(md.kv_indices, md.masks, md.token_offsets,
+                                       fb.extend_seq_lens_cpu):
+            qi = q[off:off + ext].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, d]
+            ki = k_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kvh, seq, d]
+            vi = v_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
+                                                scale=layer.scaling, enable_gqa=gqa)
+            out[off:off + ext] = oi[0].transpose(0, 1)
+        return out

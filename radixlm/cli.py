@@ -1,0 +1,78 @@
+"""`radixlm serve | generate | bench`: the command line, flags generated from ServerArgs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from radixlm.config import ServerArgs, add_cli_args, from_cli_args
+
+
+def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.process_utils import setup_logging
+    from radixlm.server.launch import LaunchError, launch_server
+
+    args = from_cli_args(ns)
+    setup_logging(args.log_level, "api")
+    try:
+        launch_server(args)
+    except LaunchError as e:
+        print(f"radixlm serve: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+def _generate(ns: argparse.Namespace) -> None:
+    from radixlm.engine import Engine
+    from radixlm.process_utils import setup_logging
+    from radixlm.sampling_params import SamplingParams
+
+    args = from_cli_args(ns)
+    setup_logging(args.log_level, "generate")
+    engine = Engine(**{k: v for k, v in vars(args).items()})
+    prompt = ns.prompt
+    if ns.chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": ns.prompt}],
+                                                      add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt, dict):  # transformers >= 5 may return a BatchEncoding
+            prompt = prompt["input_ids"]
+    params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
+                            top_p=ns.top_p, top_k=ns.top_k, seed=ns.seed)
+    out = engine.generate(prompt, params)
+    if ns.json:
+        print(json.dumps(out))
+    else:
+        print(out["text"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixlm", description="An LLM serving engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="Serve a model over the OpenAI API.")
+    add_cli_args(serve, ServerArgs)
+    serve.set_defaults(func=_serve)
+
+    gen = sub.add_parser("generate", help="Generate text for one prompt, offline.")
+    add_cli_args(gen, ServerArgs)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="Wrap the prompt in the chat template.")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="Print the whole result as JSON.")
+    gen.set_defaults(func=_generate)
+
+    from radixlm.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse_args(argv)
+    ns.func(ns)

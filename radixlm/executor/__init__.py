@@ -1,0 +1,1 @@
+"""Executor: ScheduleBatch -> ForwardBatch -> logits -> sampled tokens."""

@@ -1,0 +1,57 @@
+"""ForwardBatch: the device-side description of one forward pass.
+
+Built by `ScheduleBatch.to_forward_batch()`; read by the model and the attention backend.
+Tokens of all requests are packed in one flat dimension T (no padding):
+
+    EXTEND: request i contributes extend_seq_lens[i] new tokens at positions
+            prefix_lens[i] .. seq_lens[i]-1; its prefix K/V is already in the pool.
+    DECODE: every request contributes exactly one token at position seq_lens[i]-1.
+
+`out_cache_loc[t]` is the KV slot where token t's K/V is written; the same slots have
+already been recorded in `req_to_token` so attention can read them back through it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.attention.base import AttentionBackend
+    from radixlm.mem import ReqToTokenPool, TokenToKVPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = enum.auto()  # prefill, possibly on top of a cached prefix
+    DECODE = enum.auto()  # one new token per request
+    MIXED = enum.auto()  # extend chunk + decodes in one pass (later)
+    IDLE = enum.auto()  # nothing to run
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    req_pool_indices: torch.Tensor  # [B] int64, rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64, length after this pass
+    out_cache_loc: torch.Tensor  # [T] int64, KV slots written this pass
+    # Index into T of the token whose logits each request needs (its last one);
+    # tests may pass arange(T) to get every position's logits.
+    logits_indices: torch.Tensor  # [B] int64
+    seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int] | None = None  # EXTEND only
+    extend_seq_lens_cpu: list[int] | None = None  # EXTEND only
+    req_to_token_pool: "ReqToTokenPool | None" = None
+    token_to_kv_pool: "TokenToKVPool | None" = None
+    attn_backend: "AttentionBackend | None" = None

@@ -1,0 +1,145 @@
+"""Sampler: logits of the last position of each request -> next token (+ logprobs).
+
+Order of operations (as in vLLM/SGLang):
+  1. penalties on the raw logits: repetition (prompt + output tokens, HF's divide/
+     multiply rule), frequency and presence (output tokens, OpenAI's subtract rule);
+  2. greedy rows take the argmax;
+  3. other rows: divide by temperature, softmax, cut by top_k, top_p, min_p, renormalize,
+     then draw with the request's own torch.Generator, so a request's samples depend only
+     on its seed and its own logits, never on its batch neighbours.
+Logprobs are those of the model's distribution (log_softmax of the raw logits).
+Per-step Python work is a loop over the batch (generator draws), never over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.messages import TokenLogprob
+from radixlm.scheduler.req import Req
+
+
+@dataclass
+class SamplingBatchInfo:
+    temperatures: torch.Tensor  # [B, 1]
+    top_ps: torch.Tensor  # [B]
+    top_ks: torch.Tensor  # [B] int64, vocab size where unset
+    min_ps: torch.Tensor  # [B]
+    greedy: list[bool]
+    generators: list[torch.Generator | None]
+    need_top_k_p: bool
+    need_min_p: bool
+    # Penalties (None when no request in the batch uses one).
+    penalized_rows: list[int] | None = None
+    output_counts: torch.Tensor | None = None  # [P, V]
+    seen_mask: torch.Tensor | None = None  # [P, V] bool
+    frequency: torch.Tensor | None = None  # [P, 1]
+    presence: torch.Tensor | None = None  # [P, 1]
+    repetition: torch.Tensor | None = None  # [P, 1]
+    want_logprobs: list[bool] | None = None
+    top_logprobs: list[int] | None = None  # alternatives each request asked for
+
+    @classmethod
+    def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device) -> "SamplingBatchInfo":
+        ps = [r.sampling_params for r in reqs]
+        greedy = [p.is_greedy for p in ps]
+        temps = [1.0 if g else p.temperature for g, p in zip(greedy, ps)]
+        top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in ps]
+        info = cls(
+            temperatures=torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1),
+            top_ps=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=device),
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            min_ps=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
+            greedy=greedy,
+            generators=[r.generator for r in reqs],
+            need_top_k_p=any(not g and (p.top_p < 1.0 or p.top_k >= 1) for g, p in zip(greedy, ps)),
+            need_min_p=any(not g and p.min_p > 0.0 for g, p in zip(greedy, ps)),
+            want_logprobs=[p.logprobs for p in ps],
+            top_logprobs=[p.top_logprobs if p.logprobs else 0 for p in ps],
+        )
+        rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
+        if rows:
+            info.penalized_rows = rows
+            info.output_counts = torch.stack([reqs[i].output_counts for i in rows])
+            info.seen_mask = torch.stack([reqs[i].seen_mask for i in rows])
+            col = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device).unsqueeze(1)  # noqa: E731
+            info.frequency = col([ps[i].frequency_penalty for i in rows])
+            info.presence = col([ps[i].presence_penalty for i in rows])
+            info.repetition = col([ps[i].repetition_penalty for i in rows])
+        return info
+
+
+@dataclass
+class SampleOutput:
+    next_token_ids: torch.Tensor  # [B] int64
+    logprobs: list[TokenLogprob | None]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(info.want_logprobs) else None
+        if info.penalized_rows is not None:
+            logits = logits.clone()
+            logits[info.penalized_rows] = self._apply_penalties(logits[info.penalized_rows], info)
+
+        next_ids = torch.argmax(logits, dim=-1)
+        sample_rows = [i for i, g in enumerate(info.greedy) if not g]
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=logits.device)
+            probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
+            probs = self._cut(probs, info, rows)
+            for j, i in enumerate(sample_rows):
+                next_ids[i] = torch.multinomial(probs[j], 1, generator=info.generators[i])[0]
+
+        return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))
+
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        # Repetition: positive logits of seen tokens are divided, negative multiplied.
+        rep = torch.where(logits > 0, logits / info.repetition, logits * info.repetition)
+        logits = torch.where(info.seen_mask, rep, logits)
+        logits = logits - info.frequency * info.output_counts
+        return logits - info.presence * (info.output_counts > 0).float()
+
+    @staticmethod
+    def _cut(probs: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
+        if info.need_min_p:
+            min_p = info.min_ps[rows].unsqueeze(1)
+            probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        if info.need_top_k_p:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+            cut = rank >= info.top_ks[rows].unsqueeze(1)
+            # Keep the smallest prefix whose mass reaches top_p: drop a token when the
+            # mass strictly before it already reaches top_p (the first token always stays).
+            cut |= (sorted_p.cumsum(dim=-1) - sorted_p) >= info.top_ps[rows].unsqueeze(1)
+            sorted_p = sorted_p.masked_fill(cut, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor | None, next_ids: torch.Tensor,
+                  info: SamplingBatchInfo) -> list[TokenLogprob | None]:
+        if raw is None:
+            return [None] * len(info.greedy)
+        chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
+        top_vals = top_ids = None
+        k_max = max(info.top_logprobs)
+        if k_max:
+            top_vals, top_ids = raw.topk(k_max, dim=-1)
+            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        ids = next_ids.tolist()
+        out: list[TokenLogprob | None] = []
+        for i, want in enumerate(info.want_logprobs):
+            if not want:
+                out.append(None)
+                continue
+            top: list[tuple[int, float]] = []
+            if top_ids is not None:
+                k = info.top_logprobs[i]  # this request's count, not the batch max
+                top = list(zip(top_ids[i][:k], top_vals[i][:k]))
+            out.append(TokenLogprob(ids[i], chosen[i], top))
+        return out

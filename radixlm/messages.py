@@ -1,0 +1,110 @@
+"""Dataclasses that cross process boundaries, grouped by destination.
+
+API process  --TokenizedGenerateReq / AbortReq-->  scheduler
+scheduler    --BatchTokenIDOut-->                  detokenizer
+detokenizer  --BatchStrOut-->                      API process
+
+They are plain dataclasses; `radixlm.ipc` is the one serializer (pickle over ZMQ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixlm.sampling_params import SamplingParams
+
+
+# --- to the scheduler -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TokenizedGenerateReq:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class AbortReq:
+    rid: str
+
+
+@dataclass(slots=True)
+class FlushCacheReq:
+    pass
+
+
+# --- to the detokenizer -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """Log-probability of the chosen token at one position, and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ReqTokenOut:
+    """New tokens of one request since its previous ReqTokenOut."""
+
+    rid: str
+    new_token_ids: list[int]
+    # Set on the last message of a request: "stop" | "length" | "abort".
+    finish_reason: str | None = None
+    # The stop string that ended the request (it is cut from the text), or the stop
+    # token id; None otherwise.
+    matched_stop: str | int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    skip_special_tokens: bool = True
+    # Characters to hold back while streaming so a stop string is never half-sent.
+    stop_hold_chars: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class BatchTokenIDOut:
+    outs: list[ReqTokenOut]
+
+
+# --- to the API process ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ReqStrOut:
+    rid: str
+    text_delta: str
+    token_ids_delta: list[int]
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class BatchStrOut:
+    outs: list[ReqStrOut]
+
+
+@dataclass(slots=True)
+class SchedulerReady:
+    """Sent once by the scheduler after the model is loaded and the pools exist."""
+
+    max_total_tokens: int
+    max_running_requests: int
+    context_len: int
+    vocab_size: int
+
+
+@dataclass(slots=True)
+class SchedulerFailed:
+    error: str

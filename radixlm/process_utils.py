@@ -1,0 +1,26 @@
+"""Helpers for child processes: die with the parent, set up logging."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def setup_logging(level: str, name: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format=f"[%(asctime)s {name} pid={os.getpid()}] %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)

@@ -1,0 +1,1 @@
+"""Scheduling: Req, ScheduleBatch, PrefillAdder, the Scheduler step and its process loop."""

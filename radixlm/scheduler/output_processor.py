@@ -1,0 +1,97 @@
+"""OutputProcessor: append sampled tokens, decide who stops, build ReqTokenOut messages.
+
+Stop rules, checked after every new token in this order:
+  1. the token is in stop_token_ids                  -> "stop", matched = token id
+  2. the token is an EOS id (unless ignore_eos)       -> "stop", matched = token id
+  3. a stop string appears in the decoded output tail -> "stop", matched = the string
+  4. max_new_tokens reached, or the context is full  -> "length"
+Stop strings are searched in the text of the last few output tokens only (a window of
+UTF-8 bytes of the longest stop + 4 tokens: every token decodes to at least one byte, so
+a stop string completed by the newest token lies inside the window), so the check
+costs O(window) per request per step, not O(output length). The detokenizer cuts the
+text at the stop string; the token ids keep the token that completed it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.executor.sampler import SampleOutput
+from radixlm.messages import ReqTokenOut
+from radixlm.scheduler.req import Req
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, context_len: int, vocab_size: int, device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def init_penalty_state(self, req: Req) -> None:
+        if not req.uses_penalties:
+            return
+        req.output_counts = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
+        req.seen_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        ids = torch.tensor(req.fill_ids, dtype=torch.int64, device=self.device)
+        req.seen_mask[ids[ids < self.vocab_size]] = True
+
+    def process(self, reqs: list[Req], sampled: SampleOutput) -> list[ReqTokenOut]:
+        """Append one sampled token to each request; return outputs of streaming ones
+        that are still running (finished requests are emitted when they are freed)."""
+        outs = []
+        for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.logprobs):
+            if req.finished:  # aborted while its step ran: its token is discarded
+                continue
+            req.output_ids.append(tok)
+            if lp is not None:
+                req.pending_logprobs.append(lp)
+            if req.output_counts is not None:
+                req.output_counts[tok] += 1
+                req.seen_mask[tok] = True
+            self.check_finished(req, tok)
+            if req.stream and not req.finished:
+                outs.append(self.make_output(req))
+        return outs
+
+    def check_finished(self, req: Req, tok: int) -> None:
+        p = req.sampling_params
+        if tok in p.stop_token_ids:
+            req.finish("stop", matched=tok)
+        elif not p.ignore_eos and tok in req.eos_token_ids:
+            req.finish("stop", matched=tok)
+        elif p.stop and (hit := self._find_stop_string(req)) is not None:
+            req.finish("stop", matched=hit)
+        elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+            req.finish("length")
+
+    def _find_stop_string(self, req: Req) -> str | None:
+        stops = req.sampling_params.stop
+        window = max(len(s.encode()) for s in stops) + 4
+        tail = self.tokenizer.decode(req.output_ids[-window:],
+                                     skip_special_tokens=req.sampling_params.skip_special_tokens)
+        # The earliest-ending stop string wins when several complete in the same token.
+        hits = [(tail.find(s) + len(s), s) for s in stops if s in tail]
+        return min(hits)[1] if hits else None
+
+    @staticmethod
+    def make_output(req: Req) -> ReqTokenOut:
+        """Everything not yet sent for `req`; advances its sent offsets."""
+        p = req.sampling_params
+        new_ids = req.output_ids[req.sent_len:]
+        req.sent_len = len(req.output_ids)
+        logprobs = req.pending_logprobs if p.logprobs else None
+        req.pending_logprobs = []
+        return ReqTokenOut(
+            rid=req.rid,
+            new_token_ids=new_ids,
+            finish_reason=req.finished_reason,
+            matched_stop=req.matched_stop,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=0,
+            logprobs=logprobs,
+            skip_special_tokens=p.skip_special_tokens,
+            stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,
+            error=req.error,
+        )

@@ -1,0 +1,74 @@
+"""Req: the scheduler's state of one request.
+
+Lengths (all in tokens):
+    fill_ids  = input_ids + output_ids   every token the request has so far
+    kv_len    = how many leading fill_ids have K/V in the pool (its `prefix_len` at
+                the next extend); positions [0, kv_len) of its req_to_token row are valid
+    extend    = fill_ids[kv_len:]        what the next EXTEND must compute
+After a decode step kv_len == len(fill_ids) - 1: the newest sampled token is the input of
+the next decode and has no K/V yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.messages import TokenLogprob
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class Req:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    eos_token_ids: frozenset[int] = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    req_pool_idx: int | None = None
+    kv_len: int = 0
+    finished_reason: str | None = None  # "stop" | "length" | "abort"
+    matched_stop: str | int | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+    # Output ids [0, sent_len) and logprobs already handed to the detokenizer.
+    sent_len: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Penalty state, created only when a penalty is set: counts of each output token
+    # ([vocab] float32) and a mask of every token seen in prompt or output ([vocab] bool).
+    output_counts: torch.Tensor | None = None
+    seen_mask: torch.Tensor | None = None
+    retractions: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def extend_len(self) -> int:
+        return self.seq_len - self.kv_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens - len(self.output_ids)
+
+    def finish(self, reason: str, matched: str | int | None = None, error: str | None = None) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = reason
+            self.matched_stop = matched
+            self.error = error
+
+    @property
+    def uses_penalties(self) -> bool:
+        p = self.sampling_params
+        return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0

