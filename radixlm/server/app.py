@@ -1,0 +1,134 @@
+"""The FastAPI app: OpenAI-compatible routes, the native /generate, /health.
+
+`create_app` closes over one TokenizerManager; there is no module-level state. The app's
+lifespan starts the TokenizerManager on uvicorn's event loop and stops it on shutdown.
+
+Every error is an OpenAI-style body (`errors.error_body`): invalid input is a 400, a
+missing or wrong API key a 401, anything unexpected a 500 (logged); none of them affects
+later requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixlm.config import ServerArgs
+from radixlm.server.chat import create_chat_completion
+from radixlm.server.completions import create_completion
+from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
+                                   validation_message)
+from radixlm.server.http_util import ClientDisconnected
+from radixlm.server.native import generate_native
+from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.server.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+# Not an HTTP status a client sees (it is gone); logged by uvicorn, as nginx does.
+_CLIENT_CLOSED = 499
+
+
+async def handle(request: Request, model: type[M],
+                 run: Callable[[M], Awaitable[Response]]) -> Response:
+    """Parse the JSON body into `model`, run the handler, map exceptions to responses."""
+    try:
+        req = model.model_validate_json(await request.body())
+        return await run(req)
+    except ValidationError as e:  # before ValueError: it is one
+        message, param = validation_message(e)
+        return error_response(400, message, param)
+    except APIError as e:
+        return error_response(e.status, e.message, e.param)
+    except ValueError as e:
+        return error_response(400, str(e), param_of_value_error(str(e)))
+    except GenerateError as e:
+        return error_response(500, str(e))
+    except ClientDisconnected:
+        return Response(status_code=_CLIENT_CLOSED)
+    except Exception as e:
+        logger.exception("internal error in %s", request.url.path)
+        return error_response(500, f"Internal server error: {type(e).__name__}: {e}")
+
+
+def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name: str) -> FastAPI:
+    tm = tokenizer_manager
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await tm.start()
+        try:
+            yield
+        finally:
+            await tm.stop()
+
+    app = FastAPI(title="radixlm", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return error_response(e.status, e.message, e.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return error_response(400, str(e.errors()[:3]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(e.status_code, str(e.detail))
+
+    async def check_api_key(request: Request) -> None:
+        if args.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(),
+                                                                   args.api_key.encode()):
+            raise APIError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.")
+
+    # /health stays open without a key: the launcher and load balancers poll it.
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health() -> Response:
+        if tm.is_healthy():
+            return JSONResponse({"status": "ok"})
+        return error_response(503, "The engine is not healthy (a child process died).")
+
+    api = APIRouter(dependencies=[Depends(check_api_key)])
+
+    @api.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": created, "owned_by": "radixlm",
+            "root": model_name, "max_model_len": tm.context_len}]})
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, CompletionRequest,
+                            lambda req: create_completion(tm, req, model_name, request))
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle(request, ChatCompletionRequest,
+                            lambda req: create_chat_completion(tm, req, model_name, request))
+
+    @api.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await handle(request, GenerateRequest,
+                            lambda req: generate_native(tm, req, request))
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,91 @@
+"""HTTP plumbing: Server-Sent Events and cancelling work when the client goes away.
+
+Both paths guarantee that a client disconnect cancels the coroutine producing the output,
+so `TokenizerManager.generate`'s cleanup sends `AbortReq` for every request in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_event(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A `text/event-stream` response that always watches for the client disconnecting.
+
+    Starlette only watches for `http.disconnect` under ASGI spec < 2.4; here we always do,
+    and we close the body iterator in every case so its `finally` blocks run promptly.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stream_then_stop() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except Exception:  # the status line is out: all we can do is hang up
+                        logger.exception("SSE stream failed")
+                    tg.cancel_scope.cancel()
+
+                async def disconnect_then_stop() -> None:
+                    await self.listen_for_disconnect(receive)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream_then_stop)
+                tg.start_soon(disconnect_then_stop)
+        finally:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`; if the client disconnects first, cancel it and raise
+    ClientDisconnected. Call after the request body has been read."""
+    work_task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch_task = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # Also reached when we are cancelled ourselves: cancel both either way.
+        watch_task.cancel()
+        if not work_task.done():
+            work_task.cancel()
+    if work_task.done() and not work_task.cancelled():
+        return work_task.result()
+    raise ClientDisconnected()

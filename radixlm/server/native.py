@@ -1,0 +1,88 @@
+"""POST /generate: the SGLang-style native API.
+
+Request: `{"text" | "input_ids", "sampling_params": {SamplingParams fields}, "stream",
+"return_logprob", "top_logprobs_num"}`; a list of prompts gives a list of results.
+Response: `{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
+"cached_tokens", "finish_reason": {"type": "stop"|"length"|"abort", ...}}}`. As in SGLang,
+each streamed event carries the text and ids generated so far (cumulative, not deltas).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixlm.server.choices import Choice, plan_choices, start_streams
+from radixlm.server.errors import error_body, stream_error_status
+from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect, sse_event
+from radixlm.server.outputs import ChoiceResult, collect_all
+from radixlm.server.protocol import GenerateRequest
+from radixlm.server.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+# SGLang's default when sampling_params has no max_new_tokens.
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+async def generate_native(tm: TokenizerManager, req: GenerateRequest, request: Request) -> Response:
+    planned = []
+    for prompt in req.prompts():
+        ids = tm.tokenize_prompt(prompt)
+        default = min(DEFAULT_MAX_NEW_TOKENS, tm.default_max_tokens(len(ids)))
+        params = req.to_sampling_params(default)
+        tm.check_request(ids, params)
+        planned.append((ids, params))
+    choices = plan_choices(planned, 1)
+    if req.stream:
+        return SSEResponse(_stream(tm, req, choices[0]))
+    results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
+    bodies = [_body(tm, req, c, r) for c, r in zip(choices, results)]
+    return JSONResponse(bodies if req.is_batch else bodies[0])
+
+
+def _finish_reason(r: ChoiceResult) -> dict[str, Any] | None:
+    if r.finish_reason is None:
+        return None
+    if r.finish_reason == "length":
+        return {"type": "length", "length": r.completion_tokens}
+    if r.finish_reason == "stop":
+        return {"type": "stop", "matched": r.matched_stop}
+    return {"type": r.finish_reason, "matched": r.matched_stop}
+
+
+def _body(tm: TokenizerManager, req: GenerateRequest, c: Choice, r: ChoiceResult) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": r.rid,
+        "prompt_tokens": max(len(c.input_ids), r.prompt_tokens),
+        "completion_tokens": r.completion_tokens,
+        "cached_tokens": r.cached_tokens,
+        "finish_reason": _finish_reason(r),
+    }
+    if req.return_logprob:
+        meta["output_token_logprobs"] = [[lp.logprob, lp.token_id, tm.token_str(lp.token_id)]
+                                         for lp in r.logprobs]
+        meta["output_top_logprobs"] = [[[v, t, tm.token_str(t)] for t, v in lp.top]
+                                       for lp in r.logprobs]
+    return {"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta}
+
+
+async def _stream(tm: TokenizerManager, req: GenerateRequest, choice: Choice) -> AsyncIterator[str]:
+    result = ChoiceResult()
+    try:
+        async with aclosing(start_streams(tm, [choice], True)[0]) as outs:
+            async for out in outs:
+                result.add(out)
+                yield sse_event(_body(tm, req, choice, result))
+    except Exception as e:  # the status line is sent already: report in-band
+        status = stream_error_status(e)
+        if status == 500:
+            logger.exception("generate stream failed")
+        yield sse_event(error_body(status, str(e)))
+    yield SSE_DONE

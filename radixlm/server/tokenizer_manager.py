@@ -1,0 +1,221 @@
+"""TokenizerManager: the API process's side of the engine.
+
+It tokenizes prompts, validates requests against the context length, sends
+`TokenizedGenerateReq` / `AbortReq` to the scheduler and routes the detokenizer's
+`ReqStrOut`s back to the coroutine waiting for that rid.
+
+Invariants:
+- `_streams` holds one queue per request in flight, created before the request is sent
+  and removed when its consumer stops (finished, failed, cancelled or abandoned), so a
+  late `ReqStrOut` for a rid nobody waits on is dropped.
+- A request whose consumer stops before a finished `ReqStrOut` arrived is aborted: the
+  scheduler gets an `AbortReq` for it, exactly once.
+- Everything runs on one asyncio loop (the one that called `start()`); sends never await,
+  so they are safe inside `finally` blocks of cancelled tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixlm.config import ServerArgs
+from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
+from radixlm.messages import AbortReq, BatchStrOut, ReqStrOut, TokenizedGenerateReq
+from radixlm.sampling_params import SamplingParams
+from radixlm.server.errors import GenerateError
+
+logger = logging.getLogger(__name__)
+
+
+def _log_send_error(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        logger.error("TokenizerManager failed to send to the scheduler: %r", fut.exception())
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, tokenizer: Any, endpoints: IpcEndpoints,
+                 context_len: int, vocab_size: int) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.endpoints = endpoints
+        # A request can never hold more tokens than the KV pool has slots, so the
+        # per-request limit is the smaller of the model's context and the pool.
+        self.context_len = min(context_len, args.max_total_tokens)
+        self.vocab_size = vocab_size
+        # The launcher flips this to False when a child process dies; /health then 503s.
+        self.healthy = True
+        self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
+        self._token_str_cache: dict[int, str] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._send_sock: zmq.asyncio.Socket | None = None
+        self._recv_sock: zmq.asyncio.Socket | None = None
+        self._recv_task: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the sockets and start the receive loop on the running event loop.
+
+        Idempotent. The PULL socket binds `api_input` (the detokenizer connects to it);
+        the PUSH socket connects to `scheduler_input` (the scheduler binds it).
+        """
+        if self._recv_task is not None:
+            return
+        self._ctx = zmq.asyncio.Context()
+        self._send_sock = make_socket(self._ctx, zmq.PUSH, self.endpoints.scheduler_input,
+                                      bind=False)
+        self._recv_sock = make_socket(self._ctx, zmq.PULL, self.endpoints.api_input, bind=True)
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    async def stop(self) -> None:
+        """Stop the receive loop and close the sockets. Idempotent."""
+        task, self._recv_task = self._recv_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for sock in (self._send_sock, self._recv_sock):
+            if sock is not None:
+                sock.close(linger=0)
+        self._send_sock = self._recv_sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def is_healthy(self) -> bool:
+        return self.healthy and (self._recv_task is None or not self._recv_task.done())
+
+    async def _recv_loop(self) -> None:
+        assert self._recv_sock is not None
+        try:
+            while True:
+                msg = loads(await self._recv_sock.recv())
+                outs = msg.outs if isinstance(msg, BatchStrOut) else [msg]
+                for out in outs:
+                    if not isinstance(out, ReqStrOut):
+                        logger.warning("TokenizerManager ignores unexpected %r", type(out).__name__)
+                        continue
+                    queue = self._streams.get(out.rid)
+                    if queue is not None:  # else: the consumer left; drop it
+                        queue.put_nowait(out)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("TokenizerManager receive loop died")
+            self.healthy = False
+            raise
+
+    def _send(self, obj: Any) -> None:
+        """Queue `obj` for the scheduler without awaiting (SNDHWM is unlimited)."""
+        if self._send_sock is None:
+            raise RuntimeError("TokenizerManager.start() has not been called")
+        # zmq.asyncio tries a non-blocking send first; only if the pipe is full does the
+        # future stay pending (then zmq completes it from the loop, nobody awaits it).
+        fut = self._send_sock.send(dumps(obj))
+        if fut.done():
+            fut.result()  # surface a send error now
+        else:  # pragma: no cover - only when the pipe is full
+            fut.add_done_callback(_log_send_error)
+
+    # --- tokenization -------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a completion prompt: text is encoded with the tokenizer's special
+        tokens (e.g. BOS), a list of ids is checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        ids = list(prompt)
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:8]}")
+        return ids
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """Render the chat template to text, then encode it without adding special tokens
+        (the template writes them itself)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("This model has no chat template; use /v1/completions instead.")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                tokenize=False)
+        except Exception as e:  # jinja errors, raise_exception() in the template, ...
+            raise ValueError(f"Cannot apply the chat template: {e}") from e
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def token_str(self, token_id: int) -> str:
+        """The text of one token, as shown in logprobs."""
+        s = self._token_str_cache.get(token_id)
+        if s is None:
+            s = self.tokenizer.decode([token_id])
+            self._token_str_cache[token_id] = s
+        return s
+
+    # --- validation ---------------------------------------------------------------------
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        """max_new_tokens when the client gives none: the room left in the context."""
+        return max(0, self.context_len - prompt_len)
+
+    def check_request(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ValueError (-> HTTP 400) if the request cannot be served."""
+        params.validate(self.vocab_size)
+        n_in = len(input_ids)
+        if n_in == 0:
+            raise ValueError("The prompt is empty.")
+        if n_in >= self.context_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.context_len} tokens. However, "
+                f"your request has {n_in} input tokens. Please reduce the length of the input.")
+        if n_in + params.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.context_len} tokens. However, "
+                f"you requested {n_in + params.max_new_tokens} tokens ({n_in} in the messages, "
+                f"{params.max_new_tokens} in the completion). Please reduce the length of the "
+                "messages or completion.")
+
+    # --- generation ---------------------------------------------------------------------
+
+    async def generate(self, input_ids: list[int], params: SamplingParams,
+                       stream: bool) -> AsyncIterator[ReqStrOut]:
+        """Send one request and yield its `ReqStrOut`s; the last has `finish_reason` set.
+
+        Raises ValueError before sending anything if the request is invalid, and
+        GenerateError if the engine reports an error for it. If the consumer stops early
+        (break, aclose, cancellation), the request is aborted in the scheduler.
+        """
+        self.check_request(input_ids, params)
+        params = dataclasses.replace(params)  # the scheduler side must not share our object
+        rid = uuid.uuid4().hex
+        queue: asyncio.Queue[ReqStrOut] = asyncio.Queue()
+        self._streams[rid] = queue
+        finished = False
+        try:
+            self._send(TokenizedGenerateReq(rid, list(input_ids), params, stream))
+            while not finished:
+                out = await queue.get()
+                finished = out.finish_reason is not None
+                if out.error is not None:
+                    finished = True  # the engine dropped the request itself
+                    raise GenerateError(out.error)
+                yield out
+        finally:
+            self._streams.pop(rid, None)
+            if not finished and self._send_sock is not None:
+                self._send(AbortReq(rid))
+
+    @property
+    def num_running(self) -> int:
+        return len(self._streams)

