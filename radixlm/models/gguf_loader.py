@@ -1,0 +1,121 @@
+"""GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF-named dense tensors.
+
+Tensors are dequantized on the CPU (`gguf.quants.dequantize`, numpy) one at a time and
+cast to the run dtype: radixlm runs dense weights, GGUF is only a storage format here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from radixlm.models.model_config import ModelConfig
+
+# GGUF tensor name (with N for the layer) -> HF name.
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# Tensors that are metadata in disguise: consumed by ModelConfig, not weights.
+_SKIPPED = {"rope_freqs.weight"}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+class _FastGGUFReader(GGUFReader):
+    """GGUFReader that parses the metadata ~3x faster (5.5 s -> 1.9 s for SmolLM2's
+    49k-token vocabulary on a 2-core CPU).
+
+    The stock reader slices its `np.memmap` once per value (~250k times for a tokenizer
+    vocabulary) and each memmap slice pays for `memmap.__array_finalize__`. Slicing a
+    plain-ndarray view of the same mapping gives identical arrays (still backed by the
+    file) without that cost. Overrides the private `_get(offset, dtype, count,
+    override_order)`; should gguf drop it, the override is simply never called.
+    """
+
+    def _get(self, offset: int, dtype: npt.DTypeLike, count: int = 1,
+             override_order: str | None = None) -> npt.NDArray[Any]:
+        raw = self.__dict__.get("_raw")
+        if raw is None:
+            raw = self._raw = self.data.view(np.ndarray)
+        count = int(count)
+        dt = np.dtype(dtype)
+        arr = raw[offset:offset + dt.itemsize * count].view(dt)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return arr.view(arr.dtype.newbyteorder(order))
+
+
+def open_gguf(path: str) -> GGUFReader:
+    """Memory-maps the file and parses its metadata; tensor data is read lazily."""
+    return _FastGGUFReader(path, "r")
+
+
+def hf_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `permute`).
+
+    HF's rotate-half RoPE pairs dimension i with i + d/2 inside each head, so a head's
+    rows are [x_0 .. x_{d/2-1} | x_{d/2} .. x_{d-1}]. llama.cpp rotates adjacent pairs
+    (2i, 2i+1), so the converter interleaves the halves: GGUF row 2i + j (j in {0, 1})
+    of a head holds HF row j * d/2 + i. Viewing the rows as [heads, d/2, 2] and swapping
+    the last two axes to [heads, 2, d/2] restores HF's order. Works for weights [rows,
+    in] and biases [rows].
+    """
+    rows = w.shape[0]
+    half = rows // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtype,
+                      show_progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file."""
+    # Only the llama converter permutes Q/K; qwen2 GGUFs keep HF's row order.
+    permuted = config.architecture == "LlamaForCausalLM"
+    tensors = reader.tensors
+    if show_progress:
+        from tqdm import tqdm
+
+        tensors = tqdm(tensors, desc="Loading GGUF tensors", unit="tensor")
+    for t in tensors:
+        if t.name in _SKIPPED:
+            continue
+        name = hf_name(t.name)
+        arr = dequantize(t.data, t.tensor_type)  # float32 (F16/BF16 are widened too)
+        # GGUF lists dims fastest-first ([in, out]); numpy/torch want [out, in].
+        arr = arr.reshape(tuple(int(d) for d in reversed(t.shape)))
+        if not arr.flags.writeable:
+            arr = np.array(arr)  # F32 data is a view of the read-only mmap
+        w = torch.from_numpy(arr).to(dtype)
+        if permuted and ".q_proj." in name:
+            w = unpermute_qk(w, config.num_heads)
+        elif permuted and ".k_proj." in name:
+            w = unpermute_qk(w, config.num_kv_heads)
+        yield name, w

