@@ -31,8 +31,24 @@ class AbortReq:
 
 
 @dataclass(slots=True)
-class FlushCacheReq:
-    pass
+class PoolStatsReq:
+    """Ask the scheduler for its pool state; answered with PoolStats (passed through
+    the detokenizer unchanged)."""
+
+    rid: str
+
+
+@dataclass(slots=True)
+class PoolStats:
+    rid: str
+    total_kv_slots: int
+    free_kv_slots: int
+    held_by_requests: int
+    running: int
+    waiting: int
+    free_req_rows: int
+    # None when free + held by requests (+ cache) == total and no slot is listed twice.
+    invariant_error: str | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

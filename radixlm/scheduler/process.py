@@ -14,7 +14,7 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import BatchTokenIDOut, SchedulerFailed, SchedulerReady
+from radixlm.messages import BatchTokenIDOut, PoolStatsReq, SchedulerFailed, SchedulerReady
 from radixlm.process_utils import die_with_parent, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -63,9 +63,13 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
                 continue
         while True:
             try:
-                sched.handle(loads(recv.recv(zmq.NOBLOCK)))
+                msg = loads(recv.recv(zmq.NOBLOCK))
             except zmq.Again:
                 break
+            if isinstance(msg, PoolStatsReq):
+                send.send(dumps(sched.pool_stats(msg.rid)))
+            else:
+                sched.handle(msg)
         outs = sched.step()
         if outs:
             send.send(dumps(BatchTokenIDOut(outs)))

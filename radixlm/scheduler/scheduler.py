@@ -22,8 +22,8 @@ import torch
 from radixlm.executor.forward_batch import ForwardMode
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.executor.sampler import SamplingBatchInfo
-from radixlm.mem import check_pool_invariant
-from radixlm.messages import AbortReq, ReqTokenOut, TokenizedGenerateReq
+from radixlm.mem import PoolInvariantError, check_pool_invariant
+from radixlm.messages import AbortReq, PoolStats, ReqTokenOut, TokenizedGenerateReq
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.req import Req
@@ -109,7 +109,10 @@ class Scheduler:
         if batch is not None:
             self._run(batch)
         if not self.has_work():
-            self.check_invariant()
+            try:
+                self.check_invariant()
+            except PoolInvariantError as e:  # a bug: report it, keep serving
+                logger.error("pool invariant violated while idle: %s", e)
         out, self.outbox = self.outbox, []
         return out
 
@@ -194,7 +197,23 @@ class Scheduler:
         return sum(r.kv_len for r in self.running) + sum(r.kv_len for r in self.waiting)
 
     def check_invariant(self) -> None:
+        """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
         check_pool_invariant(self.runner.allocator, self.held_by_requests())
         rows_used = self.runner.req_to_token_pool.size - self.runner.req_to_token_pool.available_size()
         held_rows = sum(r.req_pool_idx is not None for r in [*self.running, *self.waiting])
-        assert rows_used == held_rows, f"req_to_token rows leak: {rows_used} used, {held_rows} held"
+        if rows_used != held_rows:
+            raise PoolInvariantError(f"req_to_token rows leak: {rows_used} used, {held_rows} held")
+
+    def pool_stats(self, rid: str) -> PoolStats:
+        try:
+            self.check_invariant()
+            error = None
+        except PoolInvariantError as e:
+            error = str(e)
+        r = self.runner
+        return PoolStats(rid=rid, total_kv_slots=r.allocator.size,
+                         free_kv_slots=r.allocator.available_size(),
+                         held_by_requests=self.held_by_requests(), running=len(self.running),
+                         waiting=len(self.waiting),
+                         free_req_rows=r.req_to_token_pool.available_size(),
+                         invariant_error=error)

@@ -10,6 +10,7 @@ later requests.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -114,6 +115,13 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         return JSONResponse({"object": "list", "data": [{
             "id": model_name, "object": "model", "created": created, "owned_by": "radixlm",
             "root": model_name, "max_model_len": tm.context_len}]})
+
+    @api.get("/server_info")
+    async def server_info() -> JSONResponse:
+        """Limits and live KV pool state (SGLang's /get_server_info, trimmed)."""
+        stats = await tm.pool_stats()
+        return JSONResponse({"model": model_name, "context_len": tm.context_len,
+                             "pool": dataclasses.asdict(stats)})
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -28,7 +28,8 @@ import zmq.asyncio
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import AbortReq, BatchStrOut, ReqStrOut, TokenizedGenerateReq
+from radixlm.messages import (AbortReq, BatchStrOut, PoolStats, PoolStatsReq, ReqStrOut,
+                              TokenizedGenerateReq)
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.errors import GenerateError
 
@@ -53,6 +54,7 @@ class TokenizerManager:
         # The launcher flips this to False when a child process dies; /health then 503s.
         self.healthy = True
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
+        self._pool_stats_waiters: dict[str, asyncio.Future[PoolStats]] = {}
         self._token_str_cache: dict[int, str] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._send_sock: zmq.asyncio.Socket | None = None
@@ -102,6 +104,11 @@ class TokenizerManager:
                 msg = loads(await self._recv_sock.recv())
                 outs = msg.outs if isinstance(msg, BatchStrOut) else [msg]
                 for out in outs:
+                    if isinstance(out, PoolStats):
+                        fut = self._pool_stats_waiters.pop(out.rid, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(out)
+                        continue
                     if not isinstance(out, ReqStrOut):
                         logger.warning("TokenizerManager ignores unexpected %r", type(out).__name__)
                         continue
@@ -215,6 +222,17 @@ class TokenizerManager:
             self._streams.pop(rid, None)
             if not finished and self._send_sock is not None:
                 self._send(AbortReq(rid))
+
+    async def pool_stats(self, timeout: float = 30.0) -> PoolStats:
+        """The scheduler's KV pool state (and whether the pool invariant holds)."""
+        rid = uuid.uuid4().hex
+        fut: asyncio.Future[PoolStats] = asyncio.get_running_loop().create_future()
+        self._pool_stats_waiters[rid] = fut
+        try:
+            self._send(PoolStatsReq(rid))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pool_stats_waiters.pop(rid, None)
 
     @property
     def num_running(self) -> int:

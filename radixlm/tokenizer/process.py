@@ -6,6 +6,7 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
+from radixlm.messages import BatchTokenIDOut
 from radixlm.process_utils import die_with_parent, setup_logging
 
 
@@ -21,4 +22,6 @@ def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_input, bind=True)
     send = make_socket(ctx, zmq.PUSH, endpoints.api_input, bind=False)
     while True:
-        send.send(dumps(detok.handle_batch(loads(recv.recv()))))
+        msg = loads(recv.recv())
+        # Token outputs are detokenized; anything else (PoolStats) passes through.
+        send.send(dumps(detok.handle_batch(msg) if isinstance(msg, BatchTokenIDOut) else msg))

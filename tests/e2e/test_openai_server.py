@@ -131,6 +131,21 @@ def client(server: str) -> Any:
     return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=120, max_retries=0)
 
 
+@pytest.fixture(autouse=True)
+def pool_invariant(server: str) -> Iterator[None]:
+    """After every test: once the scheduler is idle, every KV slot is free again."""
+    yield
+    deadline = time.monotonic() + 30
+    while True:
+        pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
+        if pool["running"] == 0 and pool["waiting"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # aborted streams are freed at the scheduler's next step
+    assert pool["invariant_error"] is None, pool
+    assert pool["running"] == 0 and pool["waiting"] == 0, pool
+    assert pool["free_kv_slots"] == pool["total_kv_slots"], pool
+
+
 @pytest.fixture(scope="module")
 def model(client: Any) -> str:
     (m,) = client.models.list().data
