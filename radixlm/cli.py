@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 
 
 def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.models import ModelNotFoundError
     from radixlm.process_utils import setup_logging
     from radixlm.server.launch import LaunchError, launch_server
 
@@ -17,7 +19,7 @@ def _serve(ns: argparse.Namespace) -> None:
     setup_logging(args.log_level, "api")
     try:
         launch_server(args)
-    except LaunchError as e:
+    except (LaunchError, ModelNotFoundError) as e:
         print(f"radixlm serve: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -74,5 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Before torch loads: spin-waiting OpenMP threads starve each other (and the API and
+    # detokenizer processes) on a small CPU; passive waiting measured 2.5-4x faster
+    # there under load (docs/benchmarks.md). Users can still override it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     ns = build_parser().parse_args(argv)
     ns.func(ns)
