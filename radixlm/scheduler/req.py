@@ -12,6 +12,7 @@ the next decode and has no K/V yet.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +42,11 @@ class Req:
     output_counts: torch.Tensor | None = None
     seen_mask: torch.Tensor | None = None
     retractions: int = 0
+    # Radix cache bookkeeping (used once the scheduler has a RadixCache): the tree node
+    # that ends the request's cached prefix (locked while the request runs), and how many
+    # leading fill_ids that prefix covers; those slots belong to the cache, not the request.
+    last_node: Any = None
+    cached_len: int = 0
 
     @property
     def fill_ids(self) -> list[int]:
