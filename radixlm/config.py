@@ -37,6 +37,7 @@ class ServerArgs:
     max_running_requests: int = _opt(64, "Max requests decoding at once (rows of req_to_token_pool).")
     max_total_tokens: int = _opt(65536, "KV cache pool size in tokens (token_to_kv_pool slots).")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
+    disable_radix_cache: bool = _opt(False, "Do not share KV of common prefixes between requests.")
     random_seed: int = _opt(0, "Seed for requests that do not give their own.")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 

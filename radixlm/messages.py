@@ -44,6 +44,7 @@ class PoolStats:
     total_kv_slots: int
     free_kv_slots: int
     held_by_requests: int
+    held_by_cache: int
     running: int
     waiting: int
     free_req_rows: int

@@ -89,7 +89,7 @@ class OutputProcessor:
             matched_stop=req.matched_stop,
             prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids),
-            cached_tokens=0,
+            cached_tokens=req.cached_tokens,
             logprobs=logprobs,
             skip_special_tokens=p.skip_special_tokens,
             stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,

@@ -33,7 +33,8 @@ def build_scheduler(args: ServerArgs):
     eos = list(runner.model_config.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)
-    sched = Scheduler(runner, tokenizer, eos, args.max_prefill_tokens, args.random_seed)
+    sched = Scheduler(runner, tokenizer, eos, args.max_prefill_tokens, args.random_seed,
+                      disable_radix_cache=args.disable_radix_cache)
     return sched, tokenizer
 
 

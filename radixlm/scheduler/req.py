@@ -47,6 +47,7 @@ class Req:
     # leading fill_ids that prefix covers; those slots belong to the cache, not the request.
     last_node: Any = None
     cached_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache at first admission
 
     @property
     def fill_ids(self) -> list[int]:

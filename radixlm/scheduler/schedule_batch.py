@@ -14,6 +14,7 @@ import torch
 
 from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
+from radixlm.mem.radix_cache import RadixCache
 from radixlm.scheduler.req import Req
 
 
@@ -29,20 +30,26 @@ class ScheduleBatch:
     token_to_kv_pool: TokenToKVPool
     allocator: KVSlotAllocator
     device: torch.device
+    tree_cache: RadixCache
     forward_batch: ForwardBatch | None = None
 
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        """n free KV slots, evicting unlocked cache leaves (LRU) when short."""
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.tree_cache.evict(short)
+        return self.allocator.alloc(n)
+
     def prepare_for_extend(self) -> ForwardBatch:
-        """Allocate rows and slots for every request's extend tokens; build the batch."""
+        """Allocate slots for every request's extend tokens (rows and cached prefixes were
+        set at admission); build the batch."""
         reqs = self.reqs
         extend_lens = [r.extend_len for r in reqs]
-        slots = self.allocator.alloc(sum(extend_lens))
+        slots = self._alloc(sum(extend_lens))
         if slots is None:
             raise OutOfKVSlots(f"extend needs {sum(extend_lens)} KV slots, "
                                f"{self.allocator.available_size()} free")
-        for r in reqs:
-            if r.req_pool_idx is None:
-                r.req_pool_idx = self.req_to_token_pool.alloc()
-                assert r.req_pool_idx is not None, "admission must check free req_to_token rows"
+        assert all(r.req_pool_idx is not None for r in reqs), "admission allocates rows"
         input_ids: list[int] = []
         positions: list[torch.Tensor] = []
         offset = 0
@@ -76,7 +83,7 @@ class ScheduleBatch:
     def prepare_for_decode(self) -> ForwardBatch:
         """One slot per request for the K/V of its newest token (input of this step)."""
         reqs = self.reqs
-        slots = self.allocator.alloc(len(reqs))
+        slots = self._alloc(len(reqs))
         if slots is None:
             raise OutOfKVSlots(f"decode needs {len(reqs)} KV slots, "
                                f"{self.allocator.available_size()} free")

@@ -5,10 +5,12 @@ PrefillAdder allows, else DECODE every running request), run it, process its res
 Requests join and leave between steps. The same `step()` drives the scheduler process
 (`scheduler/process.py`) and the offline `Engine`; there is one loop, not two.
 
-Ownership of KV slots: a request holds positions [0, kv_len) of its req_to_token row
-(plus the slots of the step in flight, counted into kv_len by `commit_kv`). Finishing,
-aborting or retracting a request returns all of them. `check_invariant()` verifies
-free + held by requests == total.
+Ownership of KV slots: positions [0, cached_len) of a request's req_to_token row are the
+RadixCache's slots of its matched prefix (locked through `req.last_node` while it runs);
+positions [cached_len, kv_len) are the request's own (`kv_len` advances by `commit_kv`
+after each forward). Finishing, aborting or retracting a request hands its KV to the
+cache (`cache_finished_req`), which keeps what is new and frees duplicates.
+`check_invariant()` verifies free + held by the cache + held by requests == total.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from radixlm.executor.forward_batch import ForwardMode
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.executor.sampler import SamplingBatchInfo
 from radixlm.mem import PoolInvariantError, check_pool_invariant
+from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import AbortReq, PoolStats, ReqTokenOut, TokenizedGenerateReq
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.prefill_adder import PrefillAdder
@@ -34,8 +37,11 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: list[int],
-                 max_prefill_tokens: int, random_seed: int = 0) -> None:
+                 max_prefill_tokens: int, random_seed: int = 0,
+                 disable_radix_cache: bool = False) -> None:
         self.runner = runner
+        self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
+                                     disable=disable_radix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.rng = random.Random(random_seed)
@@ -121,7 +127,7 @@ class Scheduler:
         keep = []
         for req in self.running:
             if req.finished:
-                self._release(req)
+                self.tree_cache.cache_finished_req(req)
                 self.outbox.append(self.output_processor.make_output(req))
             else:
                 keep.append(req)
@@ -129,11 +135,13 @@ class Scheduler:
 
     def _next_batch(self) -> ScheduleBatch | None:
         runner = self.runner
-        adder = PrefillAdder(free_kv_slots=runner.allocator.available_size(),
+        # Evictable cache slots count as free: allocation evicts them on demand.
+        adder = PrefillAdder(free_kv_slots=runner.allocator.available_size()
+                             + self.tree_cache.evictable_size(),
                              free_rows=min(runner.req_to_token_pool.available_size(),
                                            runner.max_running_requests - len(self.running)),
                              max_prefill_tokens=self.max_prefill_tokens, running=self.running)
-        while self.waiting and adder.try_add(self.waiting[0]):
+        while self.waiting and self._try_admit(self.waiting[0], adder):
             self.waiting.popleft()
         if adder.admitted:
             return self._batch(adder.admitted, ForwardMode.EXTEND)
@@ -141,9 +149,37 @@ class Scheduler:
             return self._batch(list(self.running), ForwardMode.DECODE)
         return None
 
+    def _try_admit(self, req: Req, adder: PrefillAdder) -> bool:
+        """Match `req`'s longest cached prefix, lock it, and admit the request if the
+        budgets allow; on admission it gets a req_to_token row whose first prefix_len
+        positions are the cache's slots. On refusal nothing is left locked or held."""
+        cache = self.tree_cache
+        # At least the last token must be computed: its logits give the next token.
+        match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
+        locked = not cache.disable
+        if locked:
+            # Locked slots are no longer evictable, so no longer in the KV budget.
+            adder.kv_budget += cache.inc_lock_ref(match.last_node)
+        req.kv_len = match.prefix_len
+        if not adder.try_add(req):
+            req.kv_len = 0
+            if locked:
+                adder.kv_budget += cache.dec_lock_ref(match.last_node)
+            return False
+        pool = self.runner.req_to_token_pool
+        req.req_pool_idx = pool.alloc()
+        assert req.req_pool_idx is not None, "PrefillAdder checks free req_to_token rows"
+        pool.write(req.req_pool_idx, 0, match.device_indices)
+        req.last_node = match.last_node if locked else None
+        req.cached_len = match.prefix_len
+        if req.retractions == 0:
+            req.cached_tokens = match.prefix_len
+        return True
+
     def _batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         r = self.runner
-        return ScheduleBatch(reqs, mode, r.req_to_token_pool, r.token_to_kv_pool, r.allocator, r.device)
+        return ScheduleBatch(reqs, mode, r.req_to_token_pool, r.token_to_kv_pool, r.allocator,
+                             r.device, self.tree_cache)
 
     def _run(self, batch: ScheduleBatch) -> None:
         if batch.forward_mode is ForwardMode.EXTEND:
@@ -173,32 +209,23 @@ class Scheduler:
                 victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
                 batch.reqs.remove(victim)
                 self.running.remove(victim)
-                self._release(victim)
+                # Its KV goes to the cache, so re-admission is a cheap prefix hit.
+                self.tree_cache.cache_finished_req(victim)
                 victim.retractions += 1
                 self.num_retractions += 1
                 self.waiting.appendleft(victim)
                 logger.info("retracted %s (%d output tokens) to free KV slots", victim.rid,
                             len(victim.output_ids))
 
-    def _release(self, req: Req) -> None:
-        """Return every KV slot and the req_to_token row that `req` holds."""
-        if req.req_pool_idx is None:
-            return
-        pool = self.runner.req_to_token_pool
-        slots = pool.req_to_token[req.req_pool_idx, :req.kv_len].to(torch.int64)
-        self.runner.allocator.free(slots)
-        pool.free(req.req_pool_idx)
-        req.req_pool_idx = None
-        req.kv_len = 0
-
     # --- invariant -------------------------------------------------------------------
 
     def held_by_requests(self) -> int:
-        return sum(r.kv_len for r in self.running) + sum(r.kv_len for r in self.waiting)
+        return sum(RadixCache.held_by_request(r) for r in [*self.running, *self.waiting])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
-        check_pool_invariant(self.runner.allocator, self.held_by_requests())
+        check_pool_invariant(self.runner.allocator, self.held_by_requests(),
+                             self.tree_cache.total_size())
         rows_used = self.runner.req_to_token_pool.size - self.runner.req_to_token_pool.available_size()
         held_rows = sum(r.req_pool_idx is not None for r in [*self.running, *self.waiting])
         if rows_used != held_rows:
@@ -213,7 +240,8 @@ class Scheduler:
         r = self.runner
         return PoolStats(rid=rid, total_kv_slots=r.allocator.size,
                          free_kv_slots=r.allocator.available_size(),
-                         held_by_requests=self.held_by_requests(), running=len(self.running),
+                         held_by_requests=self.held_by_requests(),
+                         held_by_cache=self.tree_cache.total_size(), running=len(self.running),
                          waiting=len(self.waiting),
                          free_req_rows=r.req_to_token_pool.available_size(),
                          invariant_error=error)

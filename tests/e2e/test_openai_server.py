@@ -143,7 +143,8 @@ def pool_invariant(server: str) -> Iterator[None]:
         time.sleep(0.1)  # aborted streams are freed at the scheduler's next step
     assert pool["invariant_error"] is None, pool
     assert pool["running"] == 0 and pool["waiting"] == 0, pool
-    assert pool["free_kv_slots"] == pool["total_kv_slots"], pool
+    assert pool["held_by_requests"] == 0, pool
+    assert pool["free_kv_slots"] + pool["held_by_cache"] == pool["total_kv_slots"], pool
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,14 @@ def pool_invariant(engine):
     yield
     assert not engine.scheduler.has_work()
     engine.check_invariant()
-    assert engine.scheduler.runner.allocator.available_size() == 2048
+    assert_all_slots_back(engine, 2048)
+
+
+def assert_all_slots_back(engine, total: int) -> None:
+    """Idle: every KV slot is free or an unlocked (evictable) radix cache entry."""
+    cache = engine.scheduler.tree_cache
+    assert cache.protected_size() == 0
+    assert engine.scheduler.runner.allocator.available_size() + cache.evictable_size() == total
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -114,4 +121,32 @@ def test_retraction_keeps_outputs_identical(tiny_llama_dir):
     assert small.scheduler.num_retractions > 0
     assert got == expected
     small.check_invariant()
-    assert small.scheduler.runner.allocator.available_size() == 200
+    assert_all_slots_back(small, 200)
+
+
+def test_shared_prefix_is_served_from_the_radix_cache(engine, tiny_llama_dir):
+    shared = prompts(1, seed=21)[0] + prompts(1, seed=22)[0]
+    a, b = shared + [7, 8, 9], shared + [10, 11]
+    first = engine.generate(a, greedy())
+    second = engine.generate(b, greedy())
+    assert second["meta_info"]["cached_tokens"] >= len(shared)
+    again = engine.generate(a, greedy())
+    assert again["meta_info"]["cached_tokens"] == len(a) - 1  # the last token is recomputed
+    assert again["output_ids"] == first["output_ids"]
+    plain = Engine(model=tiny_llama_dir, max_total_tokens=2048, disable_radix_cache=True)
+    ref = plain.generate([a, b], greedy())
+    assert [first["output_ids"], second["output_ids"]] == [r["output_ids"] for r in ref]
+    assert all(r["meta_info"]["cached_tokens"] == 0 for r in ref)
+    plain.check_invariant()
+    assert plain.scheduler.runner.allocator.available_size() == 2048
+
+
+def test_same_batch_requests_and_eviction_under_pressure(tiny_llama_dir):
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=300, max_running_requests=4)
+    base = prompts(1, seed=30)[0]
+    ps = [base + p for p in prompts(12, seed=31)]
+    expected = [eng.generate(p, greedy(max_new=20))["output_ids"] for p in ps[:2]]
+    got = eng.generate(ps, greedy(max_new=20))
+    assert [g["output_ids"] for g in got[:2]] == expected
+    eng.check_invariant()
+    assert_all_slots_back(eng, 300)
