@@ -37,6 +37,10 @@ class ServerArgs:
     max_running_requests: int = _opt(64, "Max requests decoding at once (rows of req_to_token_pool).")
     max_total_tokens: int = _opt(65536, "KV cache pool size in tokens (token_to_kv_pool slots).")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
+    chunked_prefill_size: int | None = _opt(
+        None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "
+        "-1 disables chunking. Default: 1024 on CPU, else by GPU memory: 2048 (< 24 GiB), "
+        "4096 (< 80 GiB), 8192.")
     disable_radix_cache: bool = _opt(False, "Do not share KV of common prefixes between requests.")
     random_seed: int = _opt(0, "Seed for requests that do not give their own.")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])

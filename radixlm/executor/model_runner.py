@@ -40,6 +40,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_chunked_prefill_size(value: int | None, device: torch.device) -> int:
+    """None: a default by device. On the CPU compute, not memory, is the limit: 1024
+    tokens keep one chunk of the default model near a second. On CUDA, bigger devices take
+    bigger chunks (more activation headroom), as SGLang's defaults do."""
+    if value is not None:
+        return value
+    if device.type != "cuda":
+        return 1024
+    total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    return 2048 if total_gib < 24 else 4096 if total_gib < 80 else 8192
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str) -> None:
         self.args = args
@@ -53,6 +65,7 @@ class ModelRunner:
         self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30)
         self.max_total_tokens = args.max_total_tokens
         self.max_running_requests = args.max_running_requests
+        self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size, self.device)
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
         self.token_to_kv_pool = TokenToKVPool(self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads,
                                               cfg.head_dim, self.dtype, self.device)

@@ -34,7 +34,8 @@ def build_scheduler(args: ServerArgs):
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)
     sched = Scheduler(runner, tokenizer, eos, args.max_prefill_tokens, args.random_seed,
-                      disable_radix_cache=args.disable_radix_cache)
+                      disable_radix_cache=args.disable_radix_cache,
+                      chunked_prefill_size=runner.chunked_prefill_size)
     return sched, tokenizer
 
 

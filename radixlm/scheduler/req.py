@@ -48,6 +48,9 @@ class Req:
     last_node: Any = None
     cached_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    # Tokens the current EXTEND computes: fill_ids[kv_len : kv_len + extend_input_len].
+    # Less than extend_len while a chunked prefill is in progress.
+    extend_input_len: int = 0
 
     @property
     def fill_ids(self) -> list[int]:

@@ -44,7 +44,7 @@ class ScheduleBatch:
         """Allocate slots for every request's extend tokens (rows and cached prefixes were
         set at admission); build the batch."""
         reqs = self.reqs
-        extend_lens = [r.extend_len for r in reqs]
+        extend_lens = [r.extend_input_len for r in reqs]
         slots = self._alloc(sum(extend_lens))
         if slots is None:
             raise OutOfKVSlots(f"extend needs {sum(extend_lens)} KV slots, "
@@ -54,12 +54,13 @@ class ScheduleBatch:
         positions: list[torch.Tensor] = []
         offset = 0
         for r, n in zip(reqs, extend_lens):
-            # Token positions kv_len .. seq_len-1 take slots[offset : offset + n].
+            # Token positions kv_len .. kv_len+n-1 take slots[offset : offset + n]; for a
+            # chunk (n < extend_len) the rest of the prompt waits for later steps.
             self.req_to_token_pool.write(r.req_pool_idx, r.kv_len, slots[offset:offset + n])
-            input_ids.extend(r.fill_ids[r.kv_len:])
-            positions.append(torch.arange(r.kv_len, r.seq_len))
+            input_ids.extend(r.fill_ids[r.kv_len:r.kv_len + n])
+            positions.append(torch.arange(r.kv_len, r.kv_len + n))
             offset += n
-        seq_lens = [r.seq_len for r in reqs]
+        seq_lens = [r.kv_len + n for r, n in zip(reqs, extend_lens)]
         # The last token of request i sits at flat index cumsum(extend_lens)[i] - 1.
         logits_idx = torch.tensor(extend_lens).cumsum(0) - 1
         dev = self.device

@@ -2,7 +2,13 @@
 
 One `step()` = pick the next batch (admit waiting requests as an EXTEND batch if the
 PrefillAdder allows, else DECODE every running request), run it, process its results.
-Requests join and leave between steps. The same `step()` drives the scheduler process
+Requests join and leave between steps.
+
+Chunked prefill: a prompt larger than the prefill budget is computed one chunk per step.
+After each chunk its KV goes into the radix cache (`cache_unfinished_req`) and the request
+waits at the head of the queue, holding its row, for the next chunk; no token is sampled
+(nor a seeded generator advanced) before its last chunk. A step that ran a chunk is
+followed by a decode step when requests are running, so their streams keep flowing. The same `step()` drives the scheduler process
 (`scheduler/process.py`) and the offline `Engine`; there is one loop, not two.
 
 Ownership of KV slots: positions [0, cached_len) of a request's req_to_token row are the
@@ -38,12 +44,14 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: list[int],
                  max_prefill_tokens: int, random_seed: int = 0,
-                 disable_radix_cache: bool = False) -> None:
+                 disable_radix_cache: bool = False, chunked_prefill_size: int = -1) -> None:
         self.runner = runner
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
                                      disable=disable_radix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
+        self.chunked_prefill_size = chunked_prefill_size  # <= 0: no chunking
+        self.last_step_was_chunk = False
         self.rng = random.Random(random_seed)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -86,6 +94,7 @@ class Scheduler:
         for req in self.waiting:
             if req.rid == msg.rid:
                 self.waiting.remove(req)
+                self.tree_cache.cache_finished_req(req)  # a chunked prefill holds KV
                 req.finish("abort")
                 self.outbox.append(self.output_processor.make_output(req))
                 return
@@ -135,12 +144,18 @@ class Scheduler:
 
     def _next_batch(self) -> ScheduleBatch | None:
         runner = self.runner
+        if self.last_step_was_chunk and self.running:
+            self.last_step_was_chunk = False  # let running decodes through between chunks
+            return self._batch(list(self.running), ForwardMode.DECODE)
+        chunk = self.chunked_prefill_size
         # Evictable cache slots count as free: allocation evicts them on demand.
         adder = PrefillAdder(free_kv_slots=runner.allocator.available_size()
                              + self.tree_cache.evictable_size(),
                              free_rows=min(runner.req_to_token_pool.available_size(),
                                            runner.max_running_requests - len(self.running)),
-                             max_prefill_tokens=self.max_prefill_tokens, running=self.running)
+                             prefill_budget=min(self.max_prefill_tokens, chunk) if chunk > 0
+                             else self.max_prefill_tokens,
+                             chunking=chunk > 0, running=self.running)
         while self.waiting and self._try_admit(self.waiting[0], adder):
             self.waiting.popleft()
         if adder.admitted:
@@ -153,6 +168,8 @@ class Scheduler:
         """Match `req`'s longest cached prefix, lock it, and admit the request if the
         budgets allow; on admission it gets a req_to_token row whose first prefix_len
         positions are the cache's slots. On refusal nothing is left locked or held."""
+        if req.req_pool_idx is not None:  # a chunked prefill continuing: row and lock held
+            return adder.try_add(req)
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
         match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
@@ -189,21 +206,39 @@ class Scheduler:
             if fb is None:
                 return
         logits = self.runner.forward(fb)
-        info = SamplingBatchInfo.from_reqs(batch.reqs, self.runner.vocab_size, self.runner.device)
-        sampled = self.runner.sample(logits, info)
         batch.commit_kv()
+        reqs = batch.reqs
         if batch.forward_mode is ForwardMode.EXTEND:
-            self.running.extend(batch.reqs)
-        self.outbox.extend(self.output_processor.process(batch.reqs, sampled))
+            done = [i for i, r in enumerate(reqs) if r.kv_len == r.seq_len]
+            chunked = [r for r in reqs if r.kv_len < r.seq_len]
+            for r in reversed(chunked):  # mid-prompt: cache the chunk, wait for the next
+                self.tree_cache.cache_unfinished_req(r)
+                self.waiting.appendleft(r)
+            self.last_step_was_chunk = bool(chunked)
+            if chunked:
+                reqs = [reqs[i] for i in done]
+                logits = logits[torch.tensor(done, dtype=torch.int64, device=logits.device)]
+            self.running.extend(reqs)
+        if reqs:
+            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
+            sampled = self.runner.sample(logits, info)
+            self.outbox.extend(self.output_processor.process(reqs, sampled))
         self._free_finished()
 
     def _prepare_decode_with_retraction(self, batch: ScheduleBatch):
-        """Decode; when KV slots run out, retract requests (fewest generated tokens first)
-        back to the head of the queue, freeing all their KV, until the rest fit."""
+        """Decode; when KV slots run out, first release a chunked prefill waiting between
+        chunks, then retract requests (fewest generated tokens first) back to the head of
+        the queue, their KV handed to the cache, until the rest fit."""
         while True:
             try:
                 return batch.prepare_for_decode()
             except OutOfKVSlots:
+                partial = next((r for r in self.waiting if r.req_pool_idx is not None), None)
+                if partial is not None:
+                    self.tree_cache.cache_finished_req(partial)  # restarts from a cache hit
+                    partial.retractions += 1
+                    self.num_retractions += 1
+                    continue
                 if len(batch.reqs) <= 1:
                     raise  # cannot happen: add_request rejects requests larger than the pool
                 victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
