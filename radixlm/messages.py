@@ -32,10 +32,24 @@ class AbortReq:
 
 @dataclass(slots=True)
 class PoolStatsReq:
-    """Ask the scheduler for its pool state; answered with PoolStats (passed through
-    the detokenizer unchanged)."""
+    """Ask the scheduler for its pool state; answered with PoolStats. Control replies
+    (PoolStats, FlushCacheResult) pass through the detokenizer unchanged."""
 
     rid: str
+
+
+@dataclass(slots=True)
+class FlushCacheReq:
+    """Empty the radix cache; refused while requests are running or waiting."""
+
+    rid: str
+
+
+@dataclass(slots=True)
+class FlushCacheResult:
+    rid: str
+    success: bool
+    message: str
 
 
 @dataclass(slots=True)

@@ -14,7 +14,8 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import BatchTokenIDOut, PoolStatsReq, SchedulerFailed, SchedulerReady
+from radixlm.messages import (BatchTokenIDOut, FlushCacheReq, PoolStatsReq, SchedulerFailed,
+                              SchedulerReady)
 from radixlm.process_utils import die_with_parent, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,11 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
                 msg = loads(recv.recv(zmq.NOBLOCK))
             except zmq.Again:
                 break
+            # Control requests are answered at once, between steps.
             if isinstance(msg, PoolStatsReq):
                 send.send(dumps(sched.pool_stats(msg.rid)))
+            elif isinstance(msg, FlushCacheReq):
+                send.send(dumps(sched.flush_cache(msg.rid)))
             else:
                 sched.handle(msg)
         outs = sched.step()

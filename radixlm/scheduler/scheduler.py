@@ -32,7 +32,8 @@ from radixlm.executor.model_runner import ModelRunner
 from radixlm.executor.sampler import SamplingBatchInfo
 from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
-from radixlm.messages import AbortReq, PoolStats, ReqTokenOut, TokenizedGenerateReq
+from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
+                              TokenizedGenerateReq)
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.req import Req
@@ -265,6 +266,17 @@ class Scheduler:
         held_rows = sum(r.req_pool_idx is not None for r in [*self.running, *self.waiting])
         if rows_used != held_rows:
             raise PoolInvariantError(f"req_to_token rows leak: {rows_used} used, {held_rows} held")
+
+    def flush_cache(self, rid: str = "") -> FlushCacheResult:
+        """Empty the radix cache (all its slots back to the allocator). Refused while any
+        request is running or waiting, since they hold (locked) cache nodes."""
+        if self.has_work():
+            return FlushCacheResult(rid, False, (
+                f"cannot flush the cache while {len(self.running)} requests are running and "
+                f"{len(self.waiting)} waiting; retry when the server is idle"))
+        freed = self.tree_cache.total_size()
+        self.tree_cache.reset()
+        return FlushCacheResult(rid, True, f"flushed {freed} cached tokens")
 
     def pool_stats(self, rid: str) -> PoolStats:
         try:

@@ -123,6 +123,13 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         return JSONResponse({"model": model_name, "context_len": tm.context_len,
                              "pool": dataclasses.asdict(stats)})
 
+    @api.post("/flush_cache")
+    async def flush_cache() -> Response:
+        result = await tm.flush_cache()
+        if not result.success:
+            return error_response(400, result.message)
+        return JSONResponse({"message": result.message})
+
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest,

@@ -28,8 +28,8 @@ import zmq.asyncio
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import (AbortReq, BatchStrOut, PoolStats, PoolStatsReq, ReqStrOut,
-                              TokenizedGenerateReq)
+from radixlm.messages import (AbortReq, BatchStrOut, FlushCacheReq, FlushCacheResult, PoolStats,
+                              PoolStatsReq, ReqStrOut, TokenizedGenerateReq)
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.errors import GenerateError
 
@@ -54,7 +54,8 @@ class TokenizerManager:
         # The launcher flips this to False when a child process dies; /health then 503s.
         self.healthy = True
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
-        self._pool_stats_waiters: dict[str, asyncio.Future[PoolStats]] = {}
+        # Control requests waiting for their reply (PoolStats, FlushCacheResult), by rid.
+        self._control_waiters: dict[str, asyncio.Future[Any]] = {}
         self._token_str_cache: dict[int, str] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._send_sock: zmq.asyncio.Socket | None = None
@@ -104,8 +105,8 @@ class TokenizerManager:
                 msg = loads(await self._recv_sock.recv())
                 outs = msg.outs if isinstance(msg, BatchStrOut) else [msg]
                 for out in outs:
-                    if isinstance(out, PoolStats):
-                        fut = self._pool_stats_waiters.pop(out.rid, None)
+                    if isinstance(out, (PoolStats, FlushCacheResult)):
+                        fut = self._control_waiters.pop(out.rid, None)
                         if fut is not None and not fut.done():
                             fut.set_result(out)
                         continue
@@ -223,16 +224,24 @@ class TokenizerManager:
             if not finished and self._send_sock is not None:
                 self._send(AbortReq(rid))
 
-    async def pool_stats(self, timeout: float = 30.0) -> PoolStats:
-        """The scheduler's KV pool state (and whether the pool invariant holds)."""
+    async def _control(self, make_req: Any, timeout: float) -> Any:
+        """Send a control request built by make_req(rid) and await its reply."""
         rid = uuid.uuid4().hex
-        fut: asyncio.Future[PoolStats] = asyncio.get_running_loop().create_future()
-        self._pool_stats_waiters[rid] = fut
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._control_waiters[rid] = fut
         try:
-            self._send(PoolStatsReq(rid))
+            self._send(make_req(rid))
             return await asyncio.wait_for(fut, timeout)
         finally:
-            self._pool_stats_waiters.pop(rid, None)
+            self._control_waiters.pop(rid, None)
+
+    async def pool_stats(self, timeout: float = 30.0) -> PoolStats:
+        """The scheduler's KV pool state (and whether the pool invariant holds)."""
+        return await self._control(PoolStatsReq, timeout)
+
+    async def flush_cache(self, timeout: float = 30.0) -> FlushCacheResult:
+        """Empty the radix cache; refused (success False) while requests are in flight."""
+        return await self._control(FlushCacheReq, timeout)
 
     @property
     def num_running(self) -> int:

@@ -23,5 +23,5 @@ def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     send = make_socket(ctx, zmq.PUSH, endpoints.api_input, bind=False)
     while True:
         msg = loads(recv.recv())
-        # Token outputs are detokenized; anything else (PoolStats) passes through.
+        # Token outputs are detokenized; control replies pass through.
         send.send(dumps(detok.handle_batch(msg) if isinstance(msg, BatchTokenIDOut) else msg))

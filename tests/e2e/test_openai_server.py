@@ -316,3 +316,21 @@ def test_stream_closed_early_does_not_break_the_server(client: Any, model: str,
     assert r.usage.completion_tokens >= 1
     # The abandoned 2000-token requests were aborted, not left running ahead of us.
     assert time.monotonic() - t0 < 30
+
+
+def test_flush_cache_refused_while_running_then_ok(client: Any, model: str, server: str) -> None:
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))  # the request is running now
+    busy = httpx.post(server + "/flush_cache", timeout=30)
+    assert busy.status_code == 400 and "running" in busy.json()["error"]["message"]
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = httpx.post(server + "/flush_cache", timeout=30)
+        if r.status_code == 200:
+            break
+        time.sleep(0.1)  # the aborted request is freed at the scheduler's next step
+    assert r.status_code == 200, r.text
+    pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
+    assert pool["held_by_cache"] == 0 and pool["free_kv_slots"] == pool["total_kv_slots"]

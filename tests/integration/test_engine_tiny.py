@@ -150,3 +150,18 @@ def test_same_batch_requests_and_eviction_under_pressure(tiny_llama_dir):
     assert [g["output_ids"] for g in got[:2]] == expected
     eng.check_invariant()
     assert_all_slots_back(eng, 300)
+
+
+def test_flush_cache_refused_while_busy_then_empties_the_cache(engine):
+    engine.generate(prompts(2, seed=40), greedy())
+    assert engine.scheduler.tree_cache.total_size() > 0
+    rid = engine.submit(prompts(1, seed=41)[0], greedy(max_new=20))
+    engine.step()
+    refused = engine.scheduler.flush_cache()
+    assert not refused.success and "running" in refused.message
+    engine.run_until_done([rid])
+    engine.pop_result(rid)
+    ok = engine.scheduler.flush_cache()
+    assert ok.success
+    assert engine.scheduler.tree_cache.total_size() == 0
+    assert engine.scheduler.runner.allocator.available_size() == 2048
