@@ -1,0 +1,179 @@
+"""`radixlm bench offline`: in-process throughput of radixlm vs transformers `generate`.
+
+Both engines run in this process on the same prompts, weights, dtype and thread count,
+interleaved (radixlm, baseline, radixlm, baseline, ...) so that a noisy neighbour slows
+both alike. Repeat i uses the workload seed `seed + i`: identical prompts in a later
+repeat would be served from a prefix cache and measure the cache, not the engine.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixlm.bench.hf_baseline import HFBaseline
+from radixlm.bench.threads import torch_threads
+from radixlm.bench.report import (Throughput, append_json_line, format_table, machine_info,
+                                  summarize, utc_now)
+from radixlm.bench.workload import RandomWorkload, random_prompts, special_token_ids
+from radixlm.engine import Engine
+from radixlm.models.loader import resolve_model_path
+from radixlm.sampling_params import SamplingParams
+
+BASELINES = ("transformers", "none")
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    model: str | None = None
+    dtype: str = "auto"
+    workload: RandomWorkload = field(default_factory=RandomWorkload)
+    max_running_requests: int = 64
+    max_total_tokens: int = 65536
+    max_prefill_tokens: int = 8192
+    repeat: int = 1
+    baseline: str = "transformers"
+    baseline_batch_size: int | None = None  # None: max_running_requests
+    num_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    output_file: str | None = None
+    profile_file: str | None = None  # cProfile stats of the timed radixlm runs
+
+    def validate(self) -> None:
+        self.workload.validate()
+        if self.repeat < 1:
+            raise ValueError(f"--repeat must be >= 1, got {self.repeat}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"--baseline must be one of {BASELINES}, got {self.baseline!r}")
+
+
+def greedy_params(output_len: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
+
+
+def prompt_vocab(engine: Engine) -> tuple[int, set[int]]:
+    """(ids to draw from = range(n), excluded ids). The embedding may be padded past the
+    tokenizer's vocabulary; ids beyond the tokenizer are not real tokens."""
+    n = min(engine.scheduler.runner.vocab_size, len(engine.tokenizer))
+    return n, special_token_ids(engine.tokenizer)
+
+
+def run_radixlm(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[Throughput, list[list[int]]]:
+    t0 = time.perf_counter()
+    results = engine.generate(prompts, greedy_params(output_len))
+    wall = time.perf_counter() - t0
+    outs = [r["output_ids"] for r in results]
+    return Throughput(len(prompts), sum(map(len, prompts)), sum(map(len, outs)), wall), outs
+
+
+def run_baseline(baseline: HFBaseline, prompts: list[list[int]], output_len: int) -> tuple[Throughput, list[list[int]]]:
+    t0 = time.perf_counter()
+    outs = baseline.generate(prompts, output_len)
+    wall = time.perf_counter() - t0
+    return Throughput(len(prompts), sum(map(len, prompts)), sum(map(len, outs)), wall), outs
+
+
+def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Mean fraction of each output that both engines agree on before first diverging.
+    Greedy decoding of the same weights should agree until a near-tie in the logits
+    flips (batch shapes change the float rounding), then the sequences drift apart."""
+    fractions = []
+    for x, y in zip(a, b):
+        same = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        fractions.append(same / max(len(x), len(y), 1))
+    return statistics.fmean(fractions) if fractions else 1.0
+
+
+def run_offline(cfg: OfflineConfig, log=print) -> dict[str, Any]:
+    """Run the benchmark; return (and optionally append to cfg.output_file) its record."""
+    cfg.validate()
+    with torch_threads(cfg.num_threads):
+        record = _measure(cfg, log)
+    if cfg.output_file:
+        append_json_line(cfg.output_file, record)
+    return record
+
+
+def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
+    machine = machine_info()
+    w = cfg.workload
+    model_path = resolve_model_path(cfg.model)
+    log(f"loading radixlm engine ({model_path}, dtype={cfg.dtype})")
+    engine = Engine(model_path, dtype=cfg.dtype, max_running_requests=cfg.max_running_requests,
+                    max_total_tokens=cfg.max_total_tokens, max_prefill_tokens=cfg.max_prefill_tokens)
+    dtype = engine.scheduler.runner.dtype
+    baseline = None
+    batch_size = cfg.baseline_batch_size or cfg.max_running_requests
+    if cfg.baseline == "transformers":
+        log(f"loading transformers baseline (dtype={dtype}, batch size {batch_size})")
+        baseline = HFBaseline(model_path, dtype, batch_size)
+    vocab, excluded = prompt_vocab(engine)
+
+    # Warm-up: first calls allocate buffers and pick kernels; keep that out of the timing.
+    warm = random_prompts(RandomWorkload(2, 8, 16, 4, seed=-1), vocab, excluded)
+    run_radixlm(engine, warm, 4)
+    if baseline is not None:
+        run_baseline(baseline, warm, 4)
+
+    profiler = cProfile.Profile() if cfg.profile_file else None
+    ours: list[Throughput] = []
+    theirs: list[Throughput] = []
+    agreement: list[float] = []
+    for i in range(cfg.repeat):
+        prompts = random_prompts(dataclasses.replace(w, seed=w.seed + i), vocab, excluded)
+        if profiler is not None:
+            profiler.enable()
+        r, r_out = run_radixlm(engine, prompts, w.output_len)
+        if profiler is not None:
+            profiler.disable()
+        ours.append(r)
+        log(f"[{i + 1}/{cfg.repeat}] radixlm:      {r.wall_s:7.1f} s  {r.output_tok_s:8.1f} out tok/s")
+        if baseline is not None:
+            b, b_out = run_baseline(baseline, prompts, w.output_len)
+            theirs.append(b)
+            agreement.append(greedy_agreement(r_out, b_out))
+            log(f"[{i + 1}/{cfg.repeat}] transformers: {b.wall_s:7.1f} s  {b.output_tok_s:8.1f} out tok/s")
+    engine.check_invariant()
+    if profiler is not None:
+        profiler.dump_stats(cfg.profile_file)
+        log(f"cProfile of the radixlm runs: {cfg.profile_file} (python -m pstats)")
+
+    record: dict[str, Any] = {
+        "benchmark": "offline", "timestamp": utc_now(), "machine": machine,
+        "load_avg_1m_end": os.getloadavg()[0],
+        "config": {**dataclasses.asdict(cfg), "model_path": model_path, "resolved_dtype": str(dtype),
+                   "baseline_batch_size": batch_size if baseline is not None else None,
+                   "torch_threads": torch.get_num_threads()},
+        "radixlm": summarize(ours),
+    }
+    if baseline is not None:
+        record["transformers"] = summarize(theirs)
+        record["ratio_output_tok_s"] = (record["radixlm"]["median_output_tok_s"]
+                                        / record["transformers"]["median_output_tok_s"])
+        record["greedy_agreement"] = statistics.fmean(agreement)
+    return record
+
+
+def offline_table(record: dict[str, Any]) -> str:
+    headers = ["engine", "requests", "input tok", "output tok", "wall s", "out tok/s", "total tok/s"]
+    rows = []
+    for name in ("radixlm", "transformers"):
+        if name not in record:
+            continue
+        s = record[name]
+        first = s["runs"][0]
+        rows.append([name, first["requests"], first["input_tokens"], first["output_tokens"],
+                     s["median_wall_s"], s["median_output_tok_s"], s["median_total_tok_s"]])
+    text = format_table(headers, rows)
+    n = len(record["radixlm"]["runs"])
+    text += f"\n(median of {n} run{'s' if n > 1 else ''}; token counts of run 1)"
+    if "ratio_output_tok_s" in record:
+        text += (f"\nradixlm / transformers output tok/s: {record['ratio_output_tok_s']:.2f}x"
+                 f"   greedy agreement: {record['greedy_agreement']:.0%}")
+    return text
