@@ -42,6 +42,16 @@ class ServerArgs:
         "-1 disables chunking. Default: 1024 on CPU, else by GPU memory: 2048 (< 24 GiB), "
         "4096 (< 80 GiB), 8192.")
     disable_radix_cache: bool = _opt(False, "Do not share KV of common prefixes between requests.")
+    schedule_policy: str = _opt(
+        "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
+        "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])
+    init_new_token_ratio: float = _opt(
+        0.7, "Fraction of each request's remaining max_new_tokens reserved as KV when "
+        "admitting prefills (expected decode growth); also the value after a retraction.")
+    min_new_token_ratio: float = _opt(0.1, "Lowest value the new-token ratio decays to.")
+    new_token_ratio_decay: float | None = _opt(
+        None, "Decrease of the new-token ratio per decode step. Default: "
+        "(init - min) / 600, i.e. the minimum is reached after 600 decode steps.")
     random_seed: int = _opt(0, "Seed for requests that do not give their own.")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 

@@ -43,7 +43,8 @@ What the scheduler calls when
   computed to get logits), `inc_lock_ref(m.last_node)`, write `m.device_indices` to
   positions [0, prefix_len) of the new row; `req.last_node = m.last_node`,
   `req.cached_len = req.kv_len = m.prefix_len`. Short of slots: `evict(n)` first.
-* after each prefill chunk of a chunked request: `cache_unfinished_req(req)`;
+* after each extend (every prefill chunk, including a request's last):
+  `cache_unfinished_req(req)`, so later requests reuse the prompt's KV at once;
 * finished, aborted or retracted request: `cache_finished_req(req)` (a retracted request
   then recomputes from a cheap cache hit).
 

@@ -8,25 +8,38 @@ scan, so the queue head is never starved by smaller requests behind it):
     min(--max-prefill-tokens, --chunked-prefill-size). With chunking, a request that does
     not fit is truncated to what is left (it becomes the chunked request and the scan
     stops); without it, one request is always allowed alone, so none is stuck forever;
-  * KV: free + evictable slots must cover the candidate's extend tokens plus a decode
-    reserve for it and for every running request (min(remaining new tokens,
-    DECODE_RESERVE) each), so admitted requests can decode a while before retraction is
-    needed. A chunk (not the last) needs no decode reserve yet; with chunking, a prompt
-    larger than the KV budget is truncated to it.
+  * KV: free + evictable slots must cover the candidate's extend tokens plus the expected
+    decode growth of it and of every running request, so admitted requests can decode a
+    while before retraction is needed. A chunk (not the last) needs no growth reserve yet;
+    with chunking, a prompt larger than the KV budget is truncated to it.
+
+Expected growth (`expected_growth`), in the spirit of SGLang's `new_token_ratio`: a request
+with `remaining` new tokens still allowed (clipped at `CLIP_MAX_NEW_TOKENS`) is expected to
+need `ceil(remaining * new_token_ratio)` more KV slots, never more than `remaining`. The
+Scheduler owns the ratio: it starts high, decays while decoding goes well, and is reset
+after a retraction. Since the ratio is at most 1 and add_request rejects requests larger
+than the pool, a lone request always fits an empty pool.
 The amount admitted for each request is left in `req.extend_input_len`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from radixlm.scheduler.req import Req
 
-DECODE_RESERVE = 16
+# Like SGLang's CLIP_MAX_NEW_TOKENS_ESTIMATION: a huge max_new_tokens (the default is often
+# "up to the context") should not block admission; requests rarely use all of it.
+CLIP_MAX_NEW_TOKENS = 4096
 
 
-def decode_reserve(req: Req) -> int:
-    return min(req.remaining_new_tokens, DECODE_RESERVE)
+def expected_growth(req: Req, new_token_ratio: float) -> int:
+    """KV slots `req` is expected to still need for decoding:
+    ceil(min(remaining, CLIP_MAX_NEW_TOKENS) * new_token_ratio), at most remaining."""
+    remaining = max(0, min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS))
+    # The epsilon keeps a product that is an integer up to float rounding from rounding up.
+    return min(remaining, math.ceil(remaining * new_token_ratio - 1e-9))
 
 
 @dataclass
@@ -36,12 +49,16 @@ class PrefillAdder:
     prefill_budget: int
     chunking: bool
     running: list[Req]
+    new_token_ratio: float
     admitted: list[Req] = field(default_factory=list)
     prefill_tokens: int = 0
     new_rows: int = 0
 
     def __post_init__(self) -> None:
-        self.kv_budget = self.free_kv_slots - sum(decode_reserve(r) for r in self.running)
+        self.kv_budget = self.free_kv_slots - sum(self.growth(r) for r in self.running)
+
+    def growth(self, req: Req) -> int:
+        return expected_growth(req, self.new_token_ratio)
 
     def try_add(self, req: Req) -> bool:
         """Admit (a chunk of) `req` if every budget allows; False stops the scan."""
@@ -55,10 +72,11 @@ class PrefillAdder:
                 n = left
             elif self.admitted:
                 return False
-        if self.chunking and n + decode_reserve(req) > self.kv_budget and n == req.extend_len:
+        growth = self.growth(req)
+        if self.chunking and n + growth > self.kv_budget and n == req.extend_len:
             n = min(n, self.kv_budget)  # a prompt larger than the KV left: one chunk of it
         last_chunk = n == req.extend_len
-        need = n + (decode_reserve(req) if last_chunk else 0)
+        need = n + (growth if last_chunk else 0)
         if n <= 0 or need > self.kv_budget:
             return False
         req.extend_input_len = n

@@ -36,7 +36,11 @@ def build_scheduler(args: ServerArgs):
         eos.append(tokenizer.eos_token_id)
     sched = Scheduler(runner, tokenizer, eos, args.max_prefill_tokens, args.random_seed,
                       disable_radix_cache=args.disable_radix_cache,
-                      chunked_prefill_size=runner.chunked_prefill_size)
+                      chunked_prefill_size=runner.chunked_prefill_size,
+                      schedule_policy=args.schedule_policy,
+                      init_new_token_ratio=args.init_new_token_ratio,
+                      min_new_token_ratio=args.min_new_token_ratio,
+                      new_token_ratio_decay=args.new_token_ratio_decay)
     return sched, tokenizer
 
 

@@ -4,6 +4,25 @@ One `step()` = pick the next batch (admit waiting requests as an EXTEND batch if
 PrefillAdder allows, else DECODE every running request), run it, process its results.
 Requests join and leave between steps.
 
+Admission round: when requests wait and a req_to_token row is free, the SchedulePolicy
+(`policy.py`, `--schedule-policy fcfs|lpm`) reorders the waiting queue; then candidates are
+scanned from its head. Each is matched against the radix cache and offered to the
+PrefillAdder; the first the budgets refuse ends the round.
+In-batch prefix sharing (radix cache only): a candidate whose uncached tokens share at
+least IN_BATCH_PREFIX_MIN (32) tokens with what a request admitted earlier in the same
+round computes is deferred -- it keeps its place in the queue and the scan goes on with
+the next candidate. Right after every extend, each request's computed prompt KV is put in
+the radix cache (`cache_unfinished_req`), so in the next step the deferred request finds
+the shared prefix cached and computes only its own suffix: requests arriving together
+with a common prefix compute it once.
+
+KV reserve for decoding (`new_token_ratio`, as in SGLang): admission reserves, for every
+running and admitted request, ceil(remaining max_new_tokens * new_token_ratio) slots
+(`prefill_adder.expected_growth`). The ratio starts at --init-new-token-ratio (0.7),
+decays by --new-token-ratio-decay per decode step down to --min-new-token-ratio (0.1), so
+admission grows bolder while decoding runs without trouble; a retraction shows it was too
+bold and resets it to the initial value, and so does going idle.
+
 Chunked prefill: a prompt larger than the prefill budget is computed one chunk per step.
 After each chunk its KV goes into the radix cache (`cache_unfinished_req`) and the request
 waits at the head of the queue, holding its row, for the next chunk; no token is sampled
@@ -35,17 +54,42 @@ from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
 from radixlm.scheduler.output_processor import OutputProcessor
+from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.schedule_batch import OutOfKVSlots, ScheduleBatch
 
 logger = logging.getLogger(__name__)
 
+# Steps for the new-token ratio to decay from its initial value to its minimum when
+# --new-token-ratio-decay is not given (SGLang's default_new_token_ratio_decay_steps).
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+# Outcomes of offering one waiting request to an admission round.
+ADMITTED, DEFERRED, REFUSED = "admitted", "deferred", "refused"
+
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: list[int],
                  max_prefill_tokens: int, random_seed: int = 0,
-                 disable_radix_cache: bool = False, chunked_prefill_size: int = -1) -> None:
+                 disable_radix_cache: bool = False, chunked_prefill_size: int = -1,
+                 schedule_policy: str = "fcfs", init_new_token_ratio: float = 0.7,
+                 min_new_token_ratio: float = 0.1,
+                 new_token_ratio_decay: float | None = None) -> None:
+        if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
+            raise ValueError(
+                f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
+                f"({init_new_token_ratio}) <= 1")
+        if new_token_ratio_decay is None:
+            new_token_ratio_decay = ((init_new_token_ratio - min_new_token_ratio)
+                                     / NEW_TOKEN_RATIO_DECAY_STEPS)
+        if new_token_ratio_decay < 0:
+            raise ValueError(f"new_token_ratio_decay must be >= 0, got {new_token_ratio_decay}")
+        self.policy = make_policy(schedule_policy)
+        self.init_new_token_ratio = init_new_token_ratio
+        self.min_new_token_ratio = min_new_token_ratio
+        self.new_token_ratio_decay = new_token_ratio_decay
+        self.new_token_ratio = init_new_token_ratio
         self.runner = runner
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
                                      disable=disable_radix_cache)
@@ -125,6 +169,7 @@ class Scheduler:
         if batch is not None:
             self._run(batch)
         if not self.has_work():
+            self.new_token_ratio = self.init_new_token_ratio  # a fresh start, as in SGLang
             try:
                 self.check_invariant()
             except PoolInvariantError as e:  # a bug: report it, keep serving
@@ -156,24 +201,43 @@ class Scheduler:
                                            runner.max_running_requests - len(self.running)),
                              prefill_budget=min(self.max_prefill_tokens, chunk) if chunk > 0
                              else self.max_prefill_tokens,
-                             chunking=chunk > 0, running=self.running)
-        while self.waiting and self._try_admit(self.waiting[0], adder):
-            self.waiting.popleft()
+                             chunking=chunk > 0, running=self.running,
+                             new_token_ratio=self.new_token_ratio)
+        if self.waiting and adder.free_rows > 0:
+            self.policy.calc_priority(self.waiting, self.tree_cache)
+        sharing = InBatchPrefixSharing(enabled=not self.tree_cache.disable)
+        deferred: list[Req] = []
+        while self.waiting:
+            outcome = self._try_admit(self.waiting[0], adder, sharing)
+            if outcome == REFUSED:
+                break
+            req = self.waiting.popleft()
+            if outcome == DEFERRED:
+                deferred.append(req)
+        self.waiting.extendleft(reversed(deferred))  # back in front, in their order
         if adder.admitted:
             return self._batch(adder.admitted, ForwardMode.EXTEND)
         if self.running:
             return self._batch(list(self.running), ForwardMode.DECODE)
         return None
 
-    def _try_admit(self, req: Req, adder: PrefillAdder) -> bool:
+    def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing) -> str:
         """Match `req`'s longest cached prefix, lock it, and admit the request if the
         budgets allow; on admission it gets a req_to_token row whose first prefix_len
-        positions are the cache's slots. On refusal nothing is left locked or held."""
+        positions are the cache's slots. Returns ADMITTED, DEFERRED (a request admitted
+        earlier in this round computes enough of its prefix: try again next round) or
+        REFUSED (the budgets are exhausted: end the round). Unless admitted, nothing is
+        left locked or held."""
         if req.req_pool_idx is not None:  # a chunked prefill continuing: row and lock held
-            return adder.try_add(req)
+            if not adder.try_add(req):
+                return REFUSED
+            sharing.record(req)
+            return ADMITTED
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
         match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
+        if sharing.should_defer(req, match.prefix_len):
+            return DEFERRED
         locked = not cache.disable
         if locked:
             # Locked slots are no longer evictable, so no longer in the KV budget.
@@ -183,7 +247,7 @@ class Scheduler:
             req.kv_len = 0
             if locked:
                 adder.kv_budget += cache.dec_lock_ref(match.last_node)
-            return False
+            return REFUSED
         pool = self.runner.req_to_token_pool
         req.req_pool_idx = pool.alloc()
         assert req.req_pool_idx is not None, "PrefillAdder checks free req_to_token rows"
@@ -192,7 +256,8 @@ class Scheduler:
         req.cached_len = match.prefix_len
         if req.retractions == 0:
             req.cached_tokens = match.prefix_len
-        return True
+        sharing.record(req)
+        return ADMITTED
 
     def _batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         r = self.runner
@@ -203,17 +268,24 @@ class Scheduler:
         if batch.forward_mode is ForwardMode.EXTEND:
             fb = batch.prepare_for_extend()
         else:
+            retractions = self.num_retractions
             fb = self._prepare_decode_with_retraction(batch)
+            if self.num_retractions == retractions:  # went well: admit a little more boldly
+                self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay,
+                                           self.min_new_token_ratio)
             if fb is None:
                 return
         logits = self.runner.forward(fb)
         batch.commit_kv()
         reqs = batch.reqs
         if batch.forward_mode is ForwardMode.EXTEND:
+            # Every computed prompt KV goes into the cache now, not when the request
+            # finishes: later requests (e.g. deferred by in-batch sharing) reuse it at once.
+            for r in reqs:
+                self.tree_cache.cache_unfinished_req(r)
             done = [i for i, r in enumerate(reqs) if r.kv_len == r.seq_len]
             chunked = [r for r in reqs if r.kv_len < r.seq_len]
-            for r in reversed(chunked):  # mid-prompt: cache the chunk, wait for the next
-                self.tree_cache.cache_unfinished_req(r)
+            for r in reversed(chunked):  # mid-prompt: wait at the head for the next chunk
                 self.waiting.appendleft(r)
             self.last_step_was_chunk = bool(chunked)
             if chunked:
@@ -234,6 +306,9 @@ class Scheduler:
             try:
                 return batch.prepare_for_decode()
             except OutOfKVSlots:
+                # Out of slots: the ratio was too optimistic. Back to the initial value (a
+                # simpler rule than SGLang's estimate from the retracted batch).
+                self.new_token_ratio = self.init_new_token_ratio
                 partial = next((r for r in self.waiting if r.req_pool_idx is not None), None)
                 if partial is not None:
                     self.tree_cache.cache_finished_req(partial)  # restarts from a cache hit
