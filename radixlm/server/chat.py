@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from contextlib import aclosing
@@ -14,14 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
-from radixlm.server.errors import error_body, stream_error_status
-from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect, sse_event
+from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import chat_logprobs
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
 from radixlm.server.protocol import ChatCompletionRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
 
-logger = logging.getLogger(__name__)
 
 
 async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionRequest,
@@ -35,7 +32,8 @@ async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionReques
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": model_name}
     if req.stream:
-        return SSEResponse(_stream(tm, req, choices, {**head, "object": "chat.completion.chunk"}))
+        return SSEResponse(guarded_sse(
+            _stream(tm, req, choices, {**head, "object": "chat.completion.chunk"}), "chat"))
 
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     body_choices = []
@@ -71,20 +69,13 @@ async def _stream(tm: TokenizerManager, req: ChatCompletionRequest, choices: lis
     for c in choices:
         yield chunk(c.index, {"role": "assistant", "content": ""})
     results = [ChoiceResult() for _ in choices]
-    try:
-        async with aclosing(merge_streams(start_streams(tm, choices, True))) as merged:
-            async for k, out in merged:
-                results[k].add(out)
-                if not out.text_delta and out.finish_reason is None and not out.logprobs:
-                    continue
-                delta = {"content": out.text_delta} if out.text_delta else {}
-                yield chunk(choices[k].index, delta, _logprobs(tm, req, out.logprobs),
-                            out.finish_reason, out.matched_stop)
-        if req.include_usage:
-            yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})
-    except Exception as e:  # the status line is sent already: report in-band
-        status = stream_error_status(e)
-        if status == 500:
-            logger.exception("chat stream failed")
-        yield sse_event(error_body(status, str(e)))
-    yield SSE_DONE
+    async with aclosing(merge_streams(start_streams(tm, choices, True))) as merged:
+        async for k, out in merged:
+            results[k].add(out)
+            if not out.text_delta and out.finish_reason is None and not out.logprobs:
+                continue
+            delta = {"content": out.text_delta} if out.text_delta else {}
+            yield chunk(choices[k].index, delta, _logprobs(tm, req, out.logprobs),
+                        out.finish_reason, out.matched_stop)
+    if req.include_usage:
+        yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})

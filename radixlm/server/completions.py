@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from contextlib import aclosing
@@ -14,14 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
-from radixlm.server.errors import error_body, stream_error_status
-from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect, sse_event
+from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import completion_logprobs
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
 from radixlm.server.protocol import CompletionRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
 
-logger = logging.getLogger(__name__)
 
 
 async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_name: str,
@@ -37,7 +34,7 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model_name}
     if req.stream:
-        return SSEResponse(_stream(tm, req, choices, head))
+        return SSEResponse(guarded_sse(_stream(tm, req, choices, head), "completion"))
 
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     body_choices = []
@@ -54,24 +51,17 @@ async def _stream(tm: TokenizerManager, req: CompletionRequest, choices: list[Ch
                   head: dict[str, Any]) -> AsyncIterator[str]:
     results = [ChoiceResult() for _ in choices]
     offsets = [0] * len(choices)  # text_offset of each choice's next token
-    try:
-        async with aclosing(merge_streams(start_streams(tm, choices, True))) as merged:
-            async for k, out in merged:
-                results[k].add(out)
-                if not out.text_delta and out.finish_reason is None and not out.logprobs:
-                    continue
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs, offsets[k] = completion_logprobs(out.logprobs or [], tm.token_str,
-                                                               req.logprobs, offsets[k])
-                choice = {"index": choices[k].index, "text": out.text_delta, "logprobs": logprobs,
-                          "finish_reason": out.finish_reason, "stop_reason": out.matched_stop}
-                yield sse_event({**head, "choices": [choice]})
-        if req.include_usage:
-            yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})
-    except Exception as e:  # the status line is sent already: report in-band
-        status = stream_error_status(e)
-        if status == 500:
-            logger.exception("completion stream failed")
-        yield sse_event(error_body(status, str(e)))
-    yield SSE_DONE
+    async with aclosing(merge_streams(start_streams(tm, choices, True))) as merged:
+        async for k, out in merged:
+            results[k].add(out)
+            if not out.text_delta and out.finish_reason is None and not out.logprobs:
+                continue
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[k] = completion_logprobs(out.logprobs or [], tm.token_str,
+                                                           req.logprobs, offsets[k])
+            choice = {"index": choices[k].index, "text": out.text_delta, "logprobs": logprobs,
+                      "finish_reason": out.finish_reason, "stop_reason": out.matched_stop}
+            yield sse_event({**head, "choices": [choice]})
+    if req.include_usage:
+        yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})

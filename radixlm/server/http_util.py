@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -17,11 +18,29 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from radixlm.server.errors import error_body, stream_error_status
+
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[str]:
+    """Relay SSE events; an exception raised after the status line went out is reported
+    in-band as an OpenAI error event. The stream always ends with [DONE]. Closing this
+    generator (client gone) closes `events`, which aborts its requests."""
+    try:
+        async with aclosing(events):
+            async for event in events:
+                yield event
+    except Exception as e:
+        status = stream_error_status(e)
+        if status == 500:
+            logger.exception("%s stream failed", what)
+        yield sse_event(error_body(status, str(e)))
+    yield SSE_DONE
 
 
 def sse_event(obj: Any) -> str:

@@ -9,7 +9,6 @@ each streamed event carries the text and ids generated so far (cumulative, not d
 
 from __future__ import annotations
 
-import logging
 from contextlib import aclosing
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,13 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.server.choices import Choice, plan_choices, start_streams
-from radixlm.server.errors import error_body, stream_error_status
-from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect, sse_event
+from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.outputs import ChoiceResult, collect_all
 from radixlm.server.protocol import GenerateRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
 
-logger = logging.getLogger(__name__)
 
 # SGLang's default when sampling_params has no max_new_tokens.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -41,7 +38,7 @@ async def generate_native(tm: TokenizerManager, req: GenerateRequest, request: R
         planned.append((ids, params))
     choices = plan_choices(planned, 1)
     if req.stream:
-        return SSEResponse(_stream(tm, req, choices[0]))
+        return SSEResponse(guarded_sse(_stream(tm, req, choices[0]), "generate"))
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     bodies = [_body(tm, req, c, r) for c, r in zip(choices, results)]
     return JSONResponse(bodies if req.is_batch else bodies[0])
@@ -75,14 +72,7 @@ def _body(tm: TokenizerManager, req: GenerateRequest, c: Choice, r: ChoiceResult
 
 async def _stream(tm: TokenizerManager, req: GenerateRequest, choice: Choice) -> AsyncIterator[str]:
     result = ChoiceResult()
-    try:
-        async with aclosing(start_streams(tm, [choice], True)[0]) as outs:
-            async for out in outs:
-                result.add(out)
-                yield sse_event(_body(tm, req, choice, result))
-    except Exception as e:  # the status line is sent already: report in-band
-        status = stream_error_status(e)
-        if status == 500:
-            logger.exception("generate stream failed")
-        yield sse_event(error_body(status, str(e)))
-    yield SSE_DONE
+    async with aclosing(start_streams(tm, [choice], True)[0]) as outs:
+        async for out in outs:
+            result.add(out)
+            yield sse_event(_body(tm, req, choice, result))
