@@ -42,6 +42,13 @@ class ServerArgs:
         "-1 disables chunking. Default: 1024 on CPU, else by GPU memory: 2048 (< 24 GiB), "
         "4096 (< 80 GiB), 8192.")
     disable_radix_cache: bool = _opt(False, "Do not share KV of common prefixes between requests.")
+    page_size: int = _opt(
+        1, "KV cache page size in tokens: the KV slot allocator hands out whole pages and the "
+        "radix cache matches prefixes in whole pages. --max-total-tokens is rounded down to "
+        "whole pages.")
+    enable_mixed_chunk: bool = _opt(
+        False, "Run the running requests' decodes in the same forward as a prefill (chunk) "
+        "batch (mixed chunked prefill) instead of alternating prefill and decode steps.")
     schedule_policy: str = _opt(
         "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
         "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])

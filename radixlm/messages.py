@@ -64,6 +64,12 @@ class PoolStats:
     free_req_rows: int
     # None when free + held by requests (+ cache) == total and no slot is listed twice.
     invariant_error: str | None = None
+    page_size: int = 1  # KV slots are handed out in pages of this many
+    # Prompt tokens of requests at their first admission, those served from the radix
+    # cache, and cached / prompt (0.0 before any request).
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    cache_hit_rate: float = 0.0
 
 
 # --- to the detokenizer -----------------------------------------------------------

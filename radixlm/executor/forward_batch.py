@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class ForwardMode(enum.Enum):
     EXTEND = enum.auto()  # prefill, possibly on top of a cached prefix
     DECODE = enum.auto()  # one new token per request
-    MIXED = enum.auto()  # extend chunk + decodes in one pass (later)
+    MIXED = enum.auto()  # prefill chunk + running decodes (as 1-token extends) in one pass
     IDLE = enum.auto()  # nothing to run
 
     def is_extend(self) -> bool:

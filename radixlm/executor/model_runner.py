@@ -1,8 +1,9 @@
 """ModelRunner: owns the model, the pools and the attention backend; runs forwards.
 
 It loads the weights, sizes and allocates `req_to_token_pool` and `token_to_kv_pool`
-(for now from --max-total-tokens; the memory planner comes later), and turns a
-ForwardBatch into logits and a SamplingBatchInfo into sampled tokens.
+(for now from --max-total-tokens, rounded down to whole --page-size pages; the memory
+planner comes later), and turns a ForwardBatch into logits and a SamplingBatchInfo into
+sampled tokens.
 """
 
 from __future__ import annotations
@@ -63,13 +64,18 @@ class ModelRunner:
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
         self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30)
-        self.max_total_tokens = args.max_total_tokens
+        if args.page_size < 1 or args.page_size > args.max_total_tokens:
+            raise ValueError(f"--page-size must be between 1 and --max-total-tokens "
+                             f"({args.max_total_tokens}), got {args.page_size}")
+        self.page_size = args.page_size
+        # The allocator hands out whole pages: the pool is rounded down to a page multiple.
+        self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
         self.max_running_requests = args.max_running_requests
         self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size, self.device)
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
         self.token_to_kv_pool = TokenToKVPool(self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads,
                                               cfg.head_dim, self.dtype, self.device)
-        self.allocator = KVSlotAllocator(self.max_total_tokens, self.device)
+        self.allocator = KVSlotAllocator(self.max_total_tokens, self.device, self.page_size)
         self.attn_backend = create_attention_backend("torch")
         self.sampler = Sampler()
 

@@ -1,8 +1,44 @@
-"""KVSlotAllocator: hands out free slot indices of the token_to_kv_pool.
+"""KVSlotAllocator: hands out the KV slots of the token_to_kv_pool, in whole pages.
 
+Layout
+------
 Slots are 1..size; slot 0 is the dummy that padded tokens write to and is never handed
-out. The free list is one int64 tensor, so alloc and free are slicing and `torch.cat`
-whatever the number of tokens: no per-token Python work.
+out. The slots are cut into `num_pages = size // page_size` pages (a pool size that is not
+a multiple of the page is rounded down, so `size` may be smaller than asked): page `p`
+(0-based) is slots `[p * page_size + 1, (p + 1) * page_size]`, i.e. slot `s` is offset
+`(s - 1) % page_size` of page `(s - 1) // page_size`. With `page_size == 1` (the default) a
+page is one slot and this is a plain slot free list.
+
+How a request fills its pages
+-----------------------------
+Position `i` of a request lives at offset `i % page_size` of the request's
+`(i // page_size)`-th page: positions fill pages in order, a new page is taken only when a
+position is page-aligned. `alloc_extend` / `alloc_decode` compute that for a whole batch
+with tensor arithmetic (no per-token Python): a position in the partly filled last page
+takes the slot right after the previous position's slot (`req_to_token[row, i-1] + 1`);
+a page-aligned position takes offset 0 of a fresh page.
+
+Ownership invariant (what makes freeing whole pages correct)
+-----------------------------------------------------------
+Every page is either in the free list or owned, as a whole, by exactly one owner:
+  * a radix tree node holds whole pages (the RadixCache has the same page size, so its
+    keys, and hence its slot lists, are page-aligned: every node's value is a sequence of
+    whole pages, each starting at offset 0);
+  * a request owns the pages of its positions `[cached_len, kv_len)` -- `cached_len` is
+    page-aligned -- including its partly filled last page, whose unwritten slots belong to
+    nobody else (`RadixCache.held_by_request` counts it whole).
+The allocator therefore only takes back whole pages: `free(slots)` frees every page whose
+FIRST slot (offset 0) is in `slots` and ignores the other slots of the call. Every caller
+gives up ranges of positions that start at a page boundary (a tree node; a request's
+duplicates `[cached_len, new_prefix_len)`; its unaligned tail `[aligned_len, kv_len)`; a
+whole request row), so the first slot of each page it gives up is in the call. A page
+whose first slot is not freed stays allocated (a leak the pool invariant check reports),
+a page freed twice appears twice in the free list (reported too).
+Sizes are counted in slots: `available_size()` = free pages * page_size, and the pool
+invariant free + tree + requests == size holds in slots.
+
+The free list is one int64 tensor of page ids, so alloc and free are slicing and
+`torch.cat` whatever the number of tokens.
 """
 
 from __future__ import annotations
@@ -11,25 +47,136 @@ import torch
 
 
 class KVSlotAllocator:
-    def __init__(self, size: int, device: torch.device | str = "cpu") -> None:
-        self.size = size
+    def __init__(self, size: int, device: torch.device | str = "cpu", page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if size < page_size:
+            raise ValueError(f"a KV pool of {size} slots holds no page of {page_size} slots")
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.size = self.num_pages * page_size  # in slots, rounded down to whole pages
         self.device = torch.device(device)
         self.clear()
 
     def clear(self) -> None:
-        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        """Mutates: every page is free again."""
+        self.free_pages = torch.arange(self.num_pages, dtype=torch.int64, device=self.device)
+
+    # --- sizes and views -------------------------------------------------------------
 
     def available_size(self) -> int:
-        return int(self.free_slots.numel())
+        """Free slots (free pages * page_size)."""
+        return int(self.free_pages.numel()) * self.page_size
 
-    def alloc(self, n: int) -> torch.Tensor | None:
-        """Take `n` slots; None (nothing taken) when fewer than `n` are free."""
-        if n > self.free_slots.numel():
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """Every slot of every free page (int64), page by page (for checks and tests)."""
+        return self.pages_to_slots(self.free_pages)
+
+    def pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        """The slots of `pages`, in page order then offset order."""
+        if self.page_size == 1:
+            return pages + 1
+        offsets = torch.arange(self.page_size, dtype=torch.int64, device=pages.device)
+        return (pages[:, None] * self.page_size + 1 + offsets).reshape(-1)
+
+    def new_slots_needed(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor) -> int:
+        """Slots of the fresh pages needed to grow requests from `prefix_lens` to `seq_lens`
+        tokens: page_size * sum(ceil(seq / page_size) - ceil(prefix / page_size))."""
+        n = self.page_size
+        return n * int(((seq_lens + n - 1) // n - (prefix_lens + n - 1) // n).sum())
+
+    # --- alloc ---------------------------------------------------------------------------
+
+    def alloc_pages(self, k: int) -> torch.Tensor | None:
+        """Take `k` free pages (their ids); None (nothing taken) when fewer are free.
+        Mutates the free list."""
+        if k > self.free_pages.numel():
             return None
-        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        out, self.free_pages = self.free_pages[:k], self.free_pages[k:]
         return out
 
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """Take `n` slots that form `n / page_size` whole pages (n must be a multiple of the
+        page size); None (nothing taken) when too few are free. Mutates the free list."""
+        if n % self.page_size:
+            raise ValueError(f"alloc({n}): not a whole number of {self.page_size}-slot pages; "
+                             "use alloc_extend/alloc_decode for request positions")
+        pages = self.alloc_pages(n // self.page_size)
+        return None if pages is None else self.pages_to_slots(pages)
+
+    def alloc_extend(self, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+                     last_slots: torch.Tensor) -> torch.Tensor | None:
+        """Slots for positions `prefix_lens[b] .. prefix_lens[b] + extend_lens[b] - 1` of
+        every request b, flat in request order ([sum(extend_lens)] int64).
+
+        `last_slots[b]` is the slot of position `prefix_lens[b] - 1` (only read when that
+        position is not the end of a page, i.e. the request has a partly filled last page).
+        Mutates: takes the fresh pages from the free list; returns None and takes nothing
+        when too few pages are free. The caller records the slots in req_to_token.
+        """
+        dev = self.device
+        prefix = prefix_lens.to(dev, torch.int64)
+        ext = extend_lens.to(dev, torch.int64)
+        n = self.page_size
+        if n == 1:
+            return self.alloc(int(ext.sum()))
+        # Pages a request has before and after this step: ceil(len / n).
+        owned = (prefix + n - 1) // n
+        new_pages = (prefix + ext + n - 1) // n - owned
+        pages = self.alloc_pages(int(new_pages.sum()))
+        if pages is None:
+            return None
+        total = int(ext.sum())
+        req = torch.repeat_interleave(torch.arange(prefix.numel(), device=dev), ext,
+                                      output_size=total)  # [T]: request of each token
+        tok_start = torch.cumsum(ext, 0) - ext  # flat index of each request's first token
+        pos = prefix[req] + torch.arange(total, device=dev) - tok_start[req]  # [T] positions
+        # Positions below owned * n fill the partly filled last page: position p sits
+        # (p - (prefix - 1)) slots after the slot of position prefix - 1.
+        in_last_page = pos < owned[req] * n
+        cont = last_slots.to(dev, torch.int64)[req] + (pos - prefix[req]) + 1
+        if pages.numel() == 0:
+            return cont
+        # Otherwise position p is offset p % n of the request's (p // n - owned)-th fresh
+        # page; request b's fresh pages are pages[page_start[b] : page_start[b] + new_pages[b]].
+        page_start = torch.cumsum(new_pages, 0) - new_pages
+        page_idx = (page_start[req] + pos // n - owned[req]).clamp(0, pages.numel() - 1)
+        fresh = pages[page_idx] * n + 1 + pos % n
+        return torch.where(in_last_page, cont, fresh)
+
+    def alloc_decode(self, positions: torch.Tensor,
+                     last_slots: torch.Tensor) -> torch.Tensor | None:
+        """One slot per request for position `positions[b]` ([B] int64): offset 0 of a
+        fresh page when the position is page-aligned, else `last_slots[b] + 1` (the slot
+        after that of position `positions[b] - 1`, in the same page).
+        Mutates: takes the fresh pages; returns None and takes nothing when short."""
+        dev = self.device
+        pos = positions.to(dev, torch.int64)
+        n = self.page_size
+        if n == 1:
+            return self.alloc(pos.numel())
+        needs_page = pos % n == 0
+        pages = self.alloc_pages(int(needs_page.sum()))
+        if pages is None:
+            return None
+        out = last_slots.to(dev, torch.int64) + 1
+        out[needs_page] = pages * n + 1
+        return out
+
+    # --- free ------------------------------------------------------------------------------
+
     def free(self, slots: torch.Tensor) -> None:
-        """Return slots. The caller must not hold them anywhere else afterwards."""
-        if slots.numel():
-            self.free_slots = torch.cat([self.free_slots, slots.to(self.free_slots)])
+        """Give back the pages whose first slot is in `slots` (all of `slots` when
+        page_size is 1); other slots are ignored: they belong to a page whose first slot
+        the same owner gives back in this call (see the module docstring). The caller must
+        not hold any slot of those pages anywhere afterwards. Mutates the free list."""
+        if not slots.numel():
+            return
+        slots = slots.to(self.free_pages)
+        if self.page_size == 1:
+            pages = slots - 1
+        else:
+            first = slots[(slots - 1) % self.page_size == 0]
+            pages = (first - 1) // self.page_size
+        self.free_pages = torch.cat([self.free_pages, pages])

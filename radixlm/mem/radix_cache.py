@@ -14,11 +14,12 @@ is exactly one of:
 * held by the tree: it appears in the `value` of exactly one `TreeNode`
   (`total_size()` = `evictable_size()` + `protected_size()` counts them);
 * held by a running request: positions `[req.cached_len, req.kv_len)` of its req_to_token
-  row (`held_by_request(req)`). Positions `[0, req.cached_len)` of the row are the tree's
-  slots for the request's matched prefix, kept alive by the lock the request holds on
-  `req.last_node`.
+  row, plus the not yet written rest of its last page when the allocator has pages
+  (`held_by_request(req, page_size)`). Positions `[0, req.cached_len)` of the row are the
+  tree's slots for the request's matched prefix, kept alive by the lock the request holds
+  on `req.last_node`.
 
-so  free + total_size() + sum(held_by_request(r) for running r) == allocator.size,
+so  free + total_size() + sum(held_by_request(r, page) for running r) == allocator.size,
 which `check_invariant(running_reqs)` checks (and `check_tree()` checks the tree itself).
 
 Duplicate-freeing rule
@@ -52,8 +53,14 @@ Pages
 -----
 With `page_size > 1` keys are matched and inserted in whole pages: a key is cut to a
 multiple of `page_size`, children are keyed by their first page (a tuple), and nodes are
-only ever split at page boundaries. The slot allocator stays token-granular; the page size
-is the granularity of sharing only.
+only ever split at page boundaries. The scheduler gives the `KVSlotAllocator` the same page
+size (`--page-size`): then a node's value is a run of whole KV pages and every free above
+frees whole pages (see the allocator's ownership invariant: a range that starts at a page
+boundary is freed by its pages' first slots; a request's unaligned tail is its own partly
+filled last page). The cache's page size must be a multiple of the allocator's; with a
+token-granular allocator (page 1) the page size is the granularity of sharing only.
+A request holding a partly filled last page holds all of it: `held_by_request` counts
+`[cached_len, kv_len)` rounded up to the allocator's page.
 
 No global state: node ids and the LRU clock are per-cache counters, so tests are
 deterministic.
@@ -84,6 +91,9 @@ class RadixCache:
                  page_size: int = 1, disable: bool = False) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if page_size % allocator.page_size:
+            raise ValueError(f"the cache's page size ({page_size}) must be a multiple of the "
+                             f"KV allocator's ({allocator.page_size}): nodes hold whole pages")
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.page_size = page_size
@@ -177,11 +187,14 @@ class RadixCache:
         return self._evictable + self._protected
 
     @staticmethod
-    def held_by_request(req: Req) -> int:
-        """KV slots owned by a running request: positions [cached_len, kv_len) of its row."""
+    def held_by_request(req: Req, page_size: int = 1) -> int:
+        """KV slots owned by a running request: positions [cached_len, kv_len) of its row,
+        with kv_len rounded up to the end of its last page (`page_size` = the allocator's:
+        the request owns its partly filled last page whole; cached_len is page-aligned)."""
         if req.req_pool_idx is None:
             return 0
-        return req.kv_len - req.cached_len
+        end = -(-req.kv_len // page_size) * page_size  # ceil(kv_len / page) pages, in slots
+        return end - req.cached_len
 
     # ------------------------------------------------------------------ match / insert
 
@@ -436,7 +449,7 @@ class RadixCache:
 
     def check_invariant(self, running_reqs: Iterable[Req]) -> None:
         """Raise PoolInvariantError unless free + tree + running requests == total slots."""
-        held = sum(self.held_by_request(r) for r in running_reqs)
+        held = sum(self.held_by_request(r, self.allocator.page_size) for r in running_reqs)
         check_pool_invariant(self.allocator, held, self.total_size())
 
     def check_tree(self) -> None:

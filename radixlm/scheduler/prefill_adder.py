@@ -13,6 +13,16 @@ scan, so the queue head is never starved by smaller requests behind it):
     while before retraction is needed. A chunk (not the last) needs no growth reserve yet;
     with chunking, a prompt larger than the KV budget is truncated to it.
 
+Pages (`--page-size`): KV is allocated in whole pages, so the KV a candidate's extend
+costs is the slots of the fresh pages it takes (`kv_cost`: its partly filled last page is
+filled first); the truncation to the KV budget keeps a chunk within whole pages. The
+growth reserve stays an estimate in tokens.
+
+Mixed chunk (`--enable-mixed-chunk`, `mixed_with_running`): every running request rides
+along in the extend batch as a one-token extend, so its slot (a fresh page when its next
+position is page-aligned) is taken from the KV budget up front, and its token from the
+prefill budget (as SGLang does: the batch stays within the chunk size).
+
 Expected growth (`expected_growth`), in the spirit of SGLang's `new_token_ratio`: a request
 with `remaining` new tokens still allowed (clipped at `CLIP_MAX_NEW_TOKENS`) is expected to
 need `ceil(remaining * new_token_ratio)` more KV slots, never more than `remaining`. The
@@ -50,18 +60,39 @@ class PrefillAdder:
     chunking: bool
     running: list[Req]
     new_token_ratio: float
+    page_size: int = 1
+    mixed_with_running: bool = False
     admitted: list[Req] = field(default_factory=list)
     prefill_tokens: int = 0
     new_rows: int = 0
 
     def __post_init__(self) -> None:
         self.kv_budget = self.free_kv_slots - sum(self.growth(r) for r in self.running)
+        if self.mixed_with_running:
+            # The running requests' next tokens are computed in this very batch.
+            self.kv_budget -= sum(self.kv_cost(r, 1) for r in self.running)
+            self.prefill_budget -= len(self.running)
 
     def growth(self, req: Req) -> int:
         return expected_growth(req, self.new_token_ratio)
 
+    def kv_cost(self, req: Req, n: int) -> int:
+        """KV slots taken to compute positions [kv_len, kv_len + n) of `req`: its fresh
+        pages, page_size * (ceil((kv_len + n) / page) - ceil(kv_len / page)); n at page 1."""
+        p = self.page_size
+        return p * (-(-(req.kv_len + n) // p) + (req.kv_len // -p))  # a // -p == -ceil(a / p)
+
+    def max_tokens_within(self, req: Req, budget: int) -> int:
+        """The most positions `req` can compute from kv_len with `budget` KV slots: the rest
+        of its partly filled last page plus budget // page_size fresh pages."""
+        p = self.page_size
+        if budget < 0:
+            return 0
+        return (-(-req.kv_len // p) + budget // p) * p - req.kv_len
+
     def try_add(self, req: Req) -> bool:
-        """Admit (a chunk of) `req` if every budget allows; False stops the scan."""
+        """Admit (a chunk of) `req` if every budget allows; False stops the scan.
+        Mutates the budgets and `req.extend_input_len` when admitting."""
         needs_row = req.req_pool_idx is None
         if needs_row and self.new_rows >= self.free_rows:
             return False
@@ -73,10 +104,12 @@ class PrefillAdder:
             elif self.admitted:
                 return False
         growth = self.growth(req)
-        if self.chunking and n + growth > self.kv_budget and n == req.extend_len:
-            n = min(n, self.kv_budget)  # a prompt larger than the KV left: one chunk of it
+        if (self.chunking and n == req.extend_len
+                and self.kv_cost(req, n) + growth > self.kv_budget):
+            # A prompt larger than the KV left: one chunk of it.
+            n = min(n, self.max_tokens_within(req, self.kv_budget))
         last_chunk = n == req.extend_len
-        need = n + (growth if last_chunk else 0)
+        need = self.kv_cost(req, n) + (growth if last_chunk else 0)
         if n <= 0 or need > self.kv_budget:
             return False
         req.extend_input_len = n

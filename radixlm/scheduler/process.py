@@ -40,7 +40,8 @@ def build_scheduler(args: ServerArgs):
                       schedule_policy=args.schedule_policy,
                       init_new_token_ratio=args.init_new_token_ratio,
                       min_new_token_ratio=args.min_new_token_ratio,
-                      new_token_ratio_decay=args.new_token_ratio_decay)
+                      new_token_ratio_decay=args.new_token_ratio_decay,
+                      enable_mixed_chunk=args.enable_mixed_chunk)
     return sched, tokenizer
 
 

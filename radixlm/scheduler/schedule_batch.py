@@ -4,6 +4,16 @@
 record them in req_to_token, and build the device tensors. They mutate the pools and
 each Req's `req_pool_idx`; they do not advance `kv_len` (that happens once the forward
 has run, in `commit_kv`).
+
+Slots come from the `KVSlotAllocator` in pages (`--page-size`, 1 by default): position i
+of a request lives at offset i % page_size of its (i // page_size)-th page, so a step takes
+a fresh page only for page-aligned positions; the others continue the request's partly
+filled last page (the allocator reads the slot of the previous position from req_to_token).
+
+A MIXED batch (`--enable-mixed-chunk`) is an EXTEND batch whose last `num_mixed_decodes`
+requests are running requests riding along: each is an extend of exactly one token (its
+newest output token, at position kv_len, whose slot is allocated as a decode's would be),
+computed by the attention backend's extend path in the same forward as the prefills.
 """
 
 from __future__ import annotations
@@ -31,50 +41,82 @@ class ScheduleBatch:
     allocator: KVSlotAllocator
     device: torch.device
     tree_cache: RadixCache
+    # MIXED only: the last `num_mixed_decodes` of `reqs` are running requests decoding one
+    # token each inside this extend batch (they come after every prefill request).
+    num_mixed_decodes: int = 0
     forward_batch: ForwardBatch | None = None
 
-    def _alloc(self, n: int) -> torch.Tensor | None:
-        """n free KV slots, evicting unlocked cache leaves (LRU) when short."""
-        short = n - self.allocator.available_size()
+    @property
+    def extend_reqs(self) -> list[Req]:
+        """The requests computing (a chunk of) their prompt."""
+        return self.reqs[:len(self.reqs) - self.num_mixed_decodes]
+
+    @property
+    def decode_reqs(self) -> list[Req]:
+        """MIXED: the running requests riding along as one-token extends."""
+        return self.reqs[len(self.reqs) - self.num_mixed_decodes:]
+
+    def _evict_for(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Evict unlocked cache leaves (LRU) when the free pages cannot grow every request
+        from prefix_lens to seq_lens tokens. Mutates the cache and the allocator."""
+        short = (self.allocator.new_slots_needed(prefix_lens, seq_lens)
+                 - self.allocator.available_size())
         if short > 0:
             self.tree_cache.evict(short)
-        return self.allocator.alloc(n)
+
+    def _last_slots(self, rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+        """The slot of position prefix_len - 1 of each row: where a partly filled last page
+        continues (meaningless, and unused by the allocator, where prefix_len is page-aligned)."""
+        prev = (prefix_lens - 1).clamp(min=0)
+        return self.req_to_token_pool.req_to_token[rows, prev].to(torch.int64)
 
     def prepare_for_extend(self) -> ForwardBatch:
         """Allocate slots for every request's extend tokens (rows and cached prefixes were
-        set at admission); build the batch."""
+        set at admission; MIXED decodes take one slot each, as a decode does); record them
+        in req_to_token; build the batch. Raises OutOfKVSlots (nothing allocated) when the
+        pool is short even after eviction."""
         reqs = self.reqs
-        extend_lens = [r.extend_input_len for r in reqs]
-        slots = self._alloc(sum(extend_lens))
-        if slots is None:
-            raise OutOfKVSlots(f"extend needs {sum(extend_lens)} KV slots, "
-                               f"{self.allocator.available_size()} free")
+        riders = self.decode_reqs
         assert all(r.req_pool_idx is not None for r in reqs), "admission allocates rows"
-        input_ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        offset = 0
-        for r, n in zip(reqs, extend_lens):
-            # Token positions kv_len .. kv_len+n-1 take slots[offset : offset + n]; for a
-            # chunk (n < extend_len) the rest of the prompt waits for later steps.
-            self.req_to_token_pool.write(r.req_pool_idx, r.kv_len, slots[offset:offset + n])
-            input_ids.extend(r.fill_ids[r.kv_len:r.kv_len + n])
-            positions.append(torch.arange(r.kv_len, r.kv_len + n))
-            offset += n
-        seq_lens = [r.kv_len + n for r, n in zip(reqs, extend_lens)]
-        # The last token of request i sits at flat index cumsum(extend_lens)[i] - 1.
-        logits_idx = torch.tensor(extend_lens).cumsum(0) - 1
+        assert all(r.kv_len == r.seq_len - 1 for r in riders), "a mixed decode computes 1 token"
+        extend_lens = [r.extend_input_len for r in self.extend_reqs] + [1] * len(riders)
+        prefix_lens = [r.kv_len for r in reqs]
         dev = self.device
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=dev)
+        ext = torch.tensor(extend_lens, dtype=torch.int64, device=dev)
+        self._evict_for(prefix, prefix + ext)
+        slots = self.allocator.alloc_extend(prefix, ext, self._last_slots(rows, prefix))
+        if slots is None:
+            raise OutOfKVSlots(f"extend needs {sum(extend_lens)} tokens' KV slots, "
+                               f"{self.allocator.available_size()} free")
+        # Flat token t belongs to request req_of[t]; it is that request's (t - start)-th
+        # new token, at position prefix + t - start, and its K/V goes to slots[t].
+        total = sum(extend_lens)
+        req_of = torch.repeat_interleave(torch.arange(len(reqs), device=dev), ext,
+                                         output_size=total)
+        start = torch.cumsum(ext, 0) - ext
+        positions = prefix[req_of] + torch.arange(total, device=dev) - start[req_of]
+        self.req_to_token_pool.req_to_token[rows[req_of], positions] = slots.to(dev, torch.int32)
+        input_ids: list[int] = []
+        for r, n in zip(self.extend_reqs, extend_lens):
+            # A chunk (n < extend_len) computes fill_ids[kv_len : kv_len + n]; the rest of
+            # the prompt waits for later steps.
+            input_ids.extend(r.fill_ids[r.kv_len:r.kv_len + n])
+        input_ids.extend(r.output_ids[-1] for r in riders)  # == fill_ids[kv_len]
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
         self.forward_batch = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
+            forward_mode=self.forward_mode,
             batch_size=len(reqs),
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.cat(positions).to(dev),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            positions=positions,
+            req_pool_indices=rows,
+            seq_lens=prefix + ext,
             out_cache_loc=slots.to(dev),
-            logits_indices=logits_idx.to(dev),
+            # The last token of request i sits at flat index cumsum(extend_lens)[i] - 1.
+            logits_indices=torch.cumsum(ext, 0) - 1,
             seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=[r.kv_len for r in reqs],
+            extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
@@ -82,15 +124,19 @@ class ScheduleBatch:
         return self.forward_batch
 
     def prepare_for_decode(self) -> ForwardBatch:
-        """One slot per request for the K/V of its newest token (input of this step)."""
+        """One slot per request for the K/V of its newest token (input of this step), at
+        position kv_len: a fresh page when that position is page-aligned, else the next
+        slot of its last page. Raises OutOfKVSlots (nothing allocated) when short."""
         reqs = self.reqs
-        slots = self._alloc(len(reqs))
-        if slots is None:
-            raise OutOfKVSlots(f"decode needs {len(reqs)} KV slots, "
-                               f"{self.allocator.available_size()} free")
         dev = self.device
         rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
         positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev)
+        self._evict_for(positions, positions + 1)
+        slots = self.allocator.alloc_decode(positions, self._last_slots(rows, positions))
+        if slots is None:
+            raise OutOfKVSlots(f"decode of {len(reqs)} requests needs "
+                               f"{self.allocator.new_slots_needed(positions, positions + 1)} "
+                               f"KV slots, {self.allocator.available_size()} free")
         self.req_to_token_pool.req_to_token[rows, positions] = slots.to(dev, torch.int32)
         seq_lens_cpu = [r.kv_len + 1 for r in reqs]
         self.forward_batch = ForwardBatch(

@@ -27,8 +27,23 @@ Chunked prefill: a prompt larger than the prefill budget is computed one chunk p
 After each chunk its KV goes into the radix cache (`cache_unfinished_req`) and the request
 waits at the head of the queue, holding its row, for the next chunk; no token is sampled
 (nor a seeded generator advanced) before its last chunk. A step that ran a chunk is
-followed by a decode step when requests are running, so their streams keep flowing. The same `step()` drives the scheduler process
-(`scheduler/process.py`) and the offline `Engine`; there is one loop, not two.
+followed by a decode step when requests are running, so their streams keep flowing --
+unless mixed chunk is on (`--enable-mixed-chunk`): then every EXTEND batch formed while
+requests are running is a MIXED batch in which each running request decodes its next
+token as a one-token extend (SGLang's mixed chunked prefill), so decodes flow in every
+step and no alternation is needed. Mixed decodes are processed as decode outputs (they
+stay in `running`); the new-token ratio decays only in pure decode steps, as in SGLang.
+The same `step()` drives the scheduler process (`scheduler/process.py`) and the offline
+`Engine`; there is one loop, not two.
+
+Pages (`--page-size`): the KVSlotAllocator hands out whole pages and the RadixCache is
+built with the same page size, so prefix matches are page-granular (a match is cut to whole
+pages) and a request owns its partly filled last page; see `mem/kv_slot_allocator.py`.
+
+Cache statistics: `prompt_tokens_total` / `cached_tokens_total` count the prompt tokens of
+requests at their first admission, and how many of them the radix cache served
+(`PoolStats.cache_hit_rate`, shown by `/server_info`). Readmissions after a retraction and
+later chunks of a chunked prefill are not counted again.
 
 Ownership of KV slots: positions [0, cached_len) of a request's req_to_token row are the
 RadixCache's slots of its matched prefix (locked through `req.last_node` while it runs);
@@ -75,7 +90,8 @@ class Scheduler:
                  disable_radix_cache: bool = False, chunked_prefill_size: int = -1,
                  schedule_policy: str = "fcfs", init_new_token_ratio: float = 0.7,
                  min_new_token_ratio: float = 0.1,
-                 new_token_ratio_decay: float | None = None) -> None:
+                 new_token_ratio_decay: float | None = None,
+                 enable_mixed_chunk: bool = False) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -91,8 +107,10 @@ class Scheduler:
         self.new_token_ratio_decay = new_token_ratio_decay
         self.new_token_ratio = init_new_token_ratio
         self.runner = runner
+        self.page_size = runner.allocator.page_size
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
-                                     disable=disable_radix_cache)
+                                     page_size=self.page_size, disable=disable_radix_cache)
+        self.enable_mixed_chunk = enable_mixed_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.chunked_prefill_size = chunked_prefill_size  # <= 0: no chunking
@@ -104,6 +122,10 @@ class Scheduler:
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
                                                 runner.device)
         self.num_retractions = 0
+        # Prompt tokens of requests at their first admission, and how many of them were
+        # served from the radix cache (the cache hit rate in PoolStats).
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
 
     # --- limits the API process must know ---------------------------------------
 
@@ -190,10 +212,11 @@ class Scheduler:
 
     def _next_batch(self) -> ScheduleBatch | None:
         runner = self.runner
-        if self.last_step_was_chunk and self.running:
+        if self.last_step_was_chunk and self.running and not self.enable_mixed_chunk:
             self.last_step_was_chunk = False  # let running decodes through between chunks
             return self._batch(list(self.running), ForwardMode.DECODE)
         chunk = self.chunked_prefill_size
+        mixed = self.enable_mixed_chunk and bool(self.running)
         # Evictable cache slots count as free: allocation evicts them on demand.
         adder = PrefillAdder(free_kv_slots=runner.allocator.available_size()
                              + self.tree_cache.evictable_size(),
@@ -202,7 +225,8 @@ class Scheduler:
                              prefill_budget=min(self.max_prefill_tokens, chunk) if chunk > 0
                              else self.max_prefill_tokens,
                              chunking=chunk > 0, running=self.running,
-                             new_token_ratio=self.new_token_ratio)
+                             new_token_ratio=self.new_token_ratio, page_size=self.page_size,
+                             mixed_with_running=mixed)
         if self.waiting and adder.free_rows > 0:
             self.policy.calc_priority(self.waiting, self.tree_cache)
         sharing = InBatchPrefixSharing(enabled=not self.tree_cache.disable)
@@ -215,6 +239,10 @@ class Scheduler:
             if outcome == DEFERRED:
                 deferred.append(req)
         self.waiting.extendleft(reversed(deferred))  # back in front, in their order
+        if adder.admitted and mixed:
+            # The running requests decode inside this extend batch, after the prefills.
+            return self._batch([*adder.admitted, *self.running], ForwardMode.MIXED,
+                               num_mixed_decodes=len(self.running))
         if adder.admitted:
             return self._batch(adder.admitted, ForwardMode.EXTEND)
         if self.running:
@@ -254,18 +282,24 @@ class Scheduler:
         pool.write(req.req_pool_idx, 0, match.device_indices)
         req.last_node = match.last_node if locked else None
         req.cached_len = match.prefix_len
-        if req.retractions == 0:
+        if req.retractions == 0:  # first admission: the usage and the hit-rate statistics
             req.cached_tokens = match.prefix_len
+            self.prompt_tokens_total += len(req.input_ids)
+            self.cached_tokens_total += match.prefix_len
         sharing.record(req)
         return ADMITTED
 
-    def _batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
+    def _batch(self, reqs: list[Req], mode: ForwardMode,
+               num_mixed_decodes: int = 0) -> ScheduleBatch:
         r = self.runner
         return ScheduleBatch(reqs, mode, r.req_to_token_pool, r.token_to_kv_pool, r.allocator,
-                             r.device, self.tree_cache)
+                             r.device, self.tree_cache, num_mixed_decodes=num_mixed_decodes)
 
     def _run(self, batch: ScheduleBatch) -> None:
-        if batch.forward_mode is ForwardMode.EXTEND:
+        """Run `batch` and process its results. Mutates: the pools (allocation, caching),
+        `running` / `waiting` (finished prefills join running, unfinished chunks go back to
+        the head of the queue, retracted requests too), the requests' outputs, the outbox."""
+        if batch.forward_mode.is_extend():  # EXTEND, or MIXED (prefills + running decodes)
             fb = batch.prepare_for_extend()
         else:
             retractions = self.num_retractions
@@ -278,20 +312,24 @@ class Scheduler:
         logits = self.runner.forward(fb)
         batch.commit_kv()
         reqs = batch.reqs
-        if batch.forward_mode is ForwardMode.EXTEND:
+        if batch.forward_mode.is_extend():
+            extends = batch.extend_reqs
             # Every computed prompt KV goes into the cache now, not when the request
             # finishes: later requests (e.g. deferred by in-batch sharing) reuse it at once.
-            for r in reqs:
+            for r in extends:
                 self.tree_cache.cache_unfinished_req(r)
-            done = [i for i, r in enumerate(reqs) if r.kv_len == r.seq_len]
-            chunked = [r for r in reqs if r.kv_len < r.seq_len]
+            chunked = [r for r in extends if r.kv_len < r.seq_len]
             for r in reversed(chunked):  # mid-prompt: wait at the head for the next chunk
                 self.waiting.appendleft(r)
             self.last_step_was_chunk = bool(chunked)
+            # Requests that sample a token: finished prompts, and (MIXED) the running
+            # decodes after them, which are already in `running`.
+            done_prefills = [r for r in extends if r.kv_len == r.seq_len]
             if chunked:
-                reqs = [reqs[i] for i in done]
-                logits = logits[torch.tensor(done, dtype=torch.int64, device=logits.device)]
-            self.running.extend(reqs)
+                keep = [i for i, r in enumerate(reqs) if r.kv_len == r.seq_len]
+                reqs = [reqs[i] for i in keep]
+                logits = logits[torch.tensor(keep, dtype=torch.int64, device=logits.device)]
+            self.running.extend(done_prefills)
         if reqs:
             info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
             sampled = self.runner.sample(logits, info)
@@ -331,7 +369,9 @@ class Scheduler:
     # --- invariant -------------------------------------------------------------------
 
     def held_by_requests(self) -> int:
-        return sum(RadixCache.held_by_request(r) for r in [*self.running, *self.waiting])
+        """KV slots owned by requests (a partly filled last page counts whole)."""
+        return sum(RadixCache.held_by_request(r, self.page_size)
+                   for r in [*self.running, *self.waiting])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
@@ -353,6 +393,13 @@ class Scheduler:
         self.tree_cache.reset()
         return FlushCacheResult(rid, True, f"flushed {freed} cached tokens")
 
+    @property
+    def cache_hit_rate(self) -> float:
+        """Cached / prompt tokens over all first admissions; 0.0 before any."""
+        if self.prompt_tokens_total == 0:
+            return 0.0
+        return self.cached_tokens_total / self.prompt_tokens_total
+
     def pool_stats(self, rid: str) -> PoolStats:
         try:
             self.check_invariant()
@@ -366,4 +413,7 @@ class Scheduler:
                          held_by_cache=self.tree_cache.total_size(), running=len(self.running),
                          waiting=len(self.waiting),
                          free_req_rows=r.req_to_token_pool.available_size(),
-                         invariant_error=error)
+                         invariant_error=error, page_size=self.page_size,
+                         prompt_tokens_total=self.prompt_tokens_total,
+                         cached_tokens_total=self.cached_tokens_total,
+                         cache_hit_rate=self.cache_hit_rate)

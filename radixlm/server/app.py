@@ -118,9 +118,13 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
 
     @api.get("/server_info")
     async def server_info() -> JSONResponse:
-        """Limits and live KV pool state (SGLang's /get_server_info, trimmed)."""
+        """Limits, live KV pool state and radix cache statistics (SGLang's
+        /get_server_info, trimmed): `pool` is the scheduler's PoolStats -- slots free / held
+        by requests / held by the cache, the page size, and prompt_tokens_total,
+        cached_tokens_total, cache_hit_rate over every admitted request."""
         stats = await tm.pool_stats()
         return JSONResponse({"model": model_name, "context_len": tm.context_len,
+                             "enable_mixed_chunk": args.enable_mixed_chunk,
                              "pool": dataclasses.asdict(stats)})
 
     @api.post("/flush_cache")
