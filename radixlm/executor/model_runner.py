@@ -63,7 +63,10 @@ class ModelRunner:
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
-        self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30)
+        # Sliding-window attention is not implemented: full attention equals it only while
+        # a sequence fits in the window, so the window caps the context.
+        self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30,
+                               cfg.sliding_window or 1 << 30)
         if args.page_size < 1 or args.page_size > args.max_total_tokens:
             raise ValueError(f"--page-size must be between 1 and --max-total-tokens "
                              f"({args.max_total_tokens}), got {args.page_size}")
