@@ -55,7 +55,7 @@ def _cold_start(ns: argparse.Namespace) -> None:
     cfg = ColdStartConfig(model=ns.model, server_args=tuple(extra),
                           timeout_s=ns.timeout, output_file=ns.output_file)
     try:
-        print(cold_start_table(run_cold_start(cfg)))
+        _print_with_warning(cold_start_table, run_cold_start(cfg))
     except ServerStartError as e:
         print(f"radixlm bench cold-start: {e}", file=sys.stderr)
         sys.exit(1)
@@ -70,7 +70,8 @@ def _common(p: argparse.ArgumentParser, threads: bool = True) -> None:
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="Benchmarks (offline throughput, dtype, cold start).")
+    bench = subparsers.add_parser("bench",
+                                  help="Benchmarks (offline throughput, dtype, cold start).")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="In-process throughput, radixlm vs transformers generate.")

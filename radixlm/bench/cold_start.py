@@ -89,6 +89,7 @@ def time_server_start(cfg: ColdStartConfig, cache_dir: str, log_path: str) -> fl
 
 
 def run_cold_start(cfg: ColdStartConfig, log=print) -> dict[str, Any]:
+    machine = machine_info()
     results = []
     with tempfile.TemporaryDirectory(prefix="radixlm-cold-start-") as tmp:
         cache_dir = os.path.join(tmp, "cache")
@@ -102,7 +103,8 @@ def run_cold_start(cfg: ColdStartConfig, log=print) -> dict[str, Any]:
                     log(f.read()[-4000:])
                 raise
             results.append({"start": name, "seconds_to_first_token": seconds})
-    record = {"benchmark": "cold_start", "timestamp": utc_now(), "machine": machine_info(),
+    record = {"benchmark": "cold_start", "timestamp": utc_now(), "machine": machine,
+              "load_avg_1m_end": os.getloadavg()[0],
               "config": dataclasses.asdict(cfg), "results": results}
     if cfg.output_file:
         append_json_line(cfg.output_file, record)

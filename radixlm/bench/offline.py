@@ -8,6 +8,7 @@ repeat would be served from a prefix cache and measure the cache, not the engine
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import dataclasses
 import os
@@ -19,9 +20,9 @@ from typing import Any
 import torch
 
 from radixlm.bench.hf_baseline import HFBaseline
-from radixlm.bench.threads import torch_threads
 from radixlm.bench.report import (Throughput, append_json_line, format_table, machine_info,
                                   summarize, utc_now)
+from radixlm.bench.threads import torch_threads
 from radixlm.bench.workload import RandomWorkload, random_prompts, special_token_ids
 from radixlm.engine import Engine
 from radixlm.models.loader import resolve_model_path
@@ -64,7 +65,10 @@ def prompt_vocab(engine: Engine) -> tuple[int, set[int]]:
     return n, special_token_ids(engine.tokenizer)
 
 
-def run_radixlm(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[Throughput, list[list[int]]]:
+Outputs = list[list[int]]  # token ids per request (prompts have the same shape)
+
+
+def run_radixlm(engine: Engine, prompts: Outputs, output_len: int) -> tuple[Throughput, Outputs]:
     t0 = time.perf_counter()
     results = engine.generate(prompts, greedy_params(output_len))
     wall = time.perf_counter() - t0
@@ -72,14 +76,15 @@ def run_radixlm(engine: Engine, prompts: list[list[int]], output_len: int) -> tu
     return Throughput(len(prompts), sum(map(len, prompts)), sum(map(len, outs)), wall), outs
 
 
-def run_baseline(baseline: HFBaseline, prompts: list[list[int]], output_len: int) -> tuple[Throughput, list[list[int]]]:
+def run_baseline(baseline: HFBaseline, prompts: Outputs,
+                 output_len: int) -> tuple[Throughput, Outputs]:
     t0 = time.perf_counter()
     outs = baseline.generate(prompts, output_len)
     wall = time.perf_counter() - t0
     return Throughput(len(prompts), sum(map(len, prompts)), sum(map(len, outs)), wall), outs
 
 
-def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+def greedy_agreement(a: Outputs, b: Outputs) -> float:
     """Mean fraction of each output that both engines agree on before first diverging.
     Greedy decoding of the same weights should agree until a near-tie in the logits
     flips (batch shapes change the float rounding), then the sequences drift apart."""
@@ -106,7 +111,8 @@ def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
     model_path = resolve_model_path(cfg.model)
     log(f"loading radixlm engine ({model_path}, dtype={cfg.dtype})")
     engine = Engine(model_path, dtype=cfg.dtype, max_running_requests=cfg.max_running_requests,
-                    max_total_tokens=cfg.max_total_tokens, max_prefill_tokens=cfg.max_prefill_tokens)
+                    max_total_tokens=cfg.max_total_tokens,
+                    max_prefill_tokens=cfg.max_prefill_tokens)
     dtype = engine.scheduler.runner.dtype
     baseline = None
     batch_size = cfg.baseline_batch_size or cfg.max_running_requests
@@ -127,18 +133,15 @@ def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
     agreement: list[float] = []
     for i in range(cfg.repeat):
         prompts = random_prompts(dataclasses.replace(w, seed=w.seed + i), vocab, excluded)
-        if profiler is not None:
-            profiler.enable()
-        r, r_out = run_radixlm(engine, prompts, w.output_len)
-        if profiler is not None:
-            profiler.disable()
+        with profiler if profiler is not None else contextlib.nullcontext():
+            r, r_out = run_radixlm(engine, prompts, w.output_len)
         ours.append(r)
-        log(f"[{i + 1}/{cfg.repeat}] radixlm:      {r.wall_s:7.1f} s  {r.output_tok_s:8.1f} out tok/s")
+        log(f"[{i + 1}/{cfg.repeat}] radixlm:      {_figures(r)}")
         if baseline is not None:
             b, b_out = run_baseline(baseline, prompts, w.output_len)
             theirs.append(b)
             agreement.append(greedy_agreement(r_out, b_out))
-            log(f"[{i + 1}/{cfg.repeat}] transformers: {b.wall_s:7.1f} s  {b.output_tok_s:8.1f} out tok/s")
+            log(f"[{i + 1}/{cfg.repeat}] transformers: {_figures(b)}")
     engine.check_invariant()
     if profiler is not None:
         profiler.dump_stats(cfg.profile_file)
@@ -147,7 +150,8 @@ def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
     record: dict[str, Any] = {
         "benchmark": "offline", "timestamp": utc_now(), "machine": machine,
         "load_avg_1m_end": os.getloadavg()[0],
-        "config": {**dataclasses.asdict(cfg), "model_path": model_path, "resolved_dtype": str(dtype),
+        "config": {**dataclasses.asdict(cfg), "model_path": model_path,
+                   "resolved_dtype": str(dtype),
                    "baseline_batch_size": batch_size if baseline is not None else None,
                    "torch_threads": torch.get_num_threads()},
         "radixlm": summarize(ours),
@@ -160,8 +164,13 @@ def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
     return record
 
 
+def _figures(t: Throughput) -> str:
+    return f"{t.wall_s:7.1f} s  {t.output_tok_s:8.1f} out tok/s"
+
+
 def offline_table(record: dict[str, Any]) -> str:
-    headers = ["engine", "requests", "input tok", "output tok", "wall s", "out tok/s", "total tok/s"]
+    headers = ["engine", "requests", "input tok", "output tok", "wall s", "out tok/s",
+               "total tok/s"]
     rows = []
     for name in ("radixlm", "transformers"):
         if name not in record:

@@ -1,6 +1,7 @@
 """bench offline on a tiny random Llama: the record's fields and equal work on both sides."""
 
 import json
+import pstats
 
 import pytest
 
@@ -16,7 +17,8 @@ def record(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out") / "offline.jsonl"
     cfg = OfflineConfig(model=model, workload=RandomWorkload(5, 4, 30, 6, seed=3),
                         max_running_requests=4, max_total_tokens=1024, max_prefill_tokens=64,
-                        repeat=2, baseline_batch_size=3, num_threads=1, output_file=str(out))
+                        repeat=2, baseline_batch_size=3, num_threads=1, output_file=str(out),
+                        profile_file=str(out.with_suffix(".prof")))
     rec = run_offline(cfg, log=lambda *_: None)
     return rec, out
 
@@ -40,6 +42,8 @@ def test_record_fields_and_json_line(record):
         rec["radixlm"]["median_output_tok_s"] / rec["transformers"]["median_output_tok_s"])
     assert 0.0 <= rec["greedy_agreement"] <= 1.0
     assert "radixlm / transformers" in offline_table(rec)
+    stats = pstats.Stats(str(out.with_suffix(".prof")))  # the engine loop was profiled
+    assert any("step" in func[2] for func in stats.stats)
 
 
 def test_both_engines_do_the_same_work(record):
