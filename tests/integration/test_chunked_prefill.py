@@ -6,6 +6,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
+from tests.engine_checks import assert_all_slots_back as all_back
 
 
 def long_prompts(n: int, seed: int) -> list[list[int]]:
@@ -21,13 +22,6 @@ def greedy(max_new=10):
 def reference(tiny_llama_dir):
     return Engine(model=tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=-1,
                   disable_radix_cache=True)
-
-
-def all_back(engine: Engine, total: int) -> None:
-    engine.check_invariant()
-    cache = engine.scheduler.tree_cache
-    assert cache.protected_size() == 0
-    assert engine.scheduler.runner.allocator.available_size() + cache.evictable_size() == total
 
 
 @pytest.mark.parametrize("chunk", [7, 16, 64])

@@ -6,6 +6,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
+from tests.engine_checks import assert_all_slots_back
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,6 @@ def pool_invariant(engine):
     assert not engine.scheduler.has_work()
     engine.check_invariant()
     assert_all_slots_back(engine, 2048)
-
-
-def assert_all_slots_back(engine, total: int) -> None:
-    """Idle: every KV slot is free or an unlocked (evictable) radix cache entry."""
-    cache = engine.scheduler.tree_cache
-    assert cache.protected_size() == 0
-    assert engine.scheduler.runner.allocator.available_size() + cache.evictable_size() == total
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:

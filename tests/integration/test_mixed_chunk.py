@@ -13,6 +13,7 @@ import pytest
 from radixlm import SamplingParams
 from radixlm.engine import Engine
 from radixlm.executor.forward_batch import ForwardMode
+from tests.engine_checks import assert_all_slots_back as all_back
 
 
 def prompts(n: int, seed: int, lo: int = 10, hi: int = 80) -> list[list[int]]:
@@ -39,16 +40,6 @@ def count_modes(engine: Engine) -> Counter:
 
     runner.forward = spy
     return modes
-
-
-def all_back(engine: Engine) -> None:
-    sched = engine.scheduler
-    assert not sched.has_work()
-    engine.check_invariant()
-    cache = sched.tree_cache
-    assert cache.protected_size() == 0
-    alloc = sched.runner.allocator
-    assert alloc.available_size() + cache.evictable_size() == alloc.size
 
 
 def run_staggered(engine: Engine, ps: list[list[int]],

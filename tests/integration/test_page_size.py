@@ -11,6 +11,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
+from tests.engine_checks import assert_all_slots_back as all_back
 
 
 def prompts(n: int, seed: int, lo: int = 20, hi: int = 70) -> list[list[int]]:
@@ -20,17 +21,6 @@ def prompts(n: int, seed: int, lo: int = 20, hi: int = 70) -> list[list[int]]:
 
 def greedy(max_new: int = 12) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
-
-
-def all_back(engine: Engine) -> None:
-    """Idle: the invariant holds and every slot is free or an unlocked cache entry."""
-    sched = engine.scheduler
-    assert not sched.has_work()
-    engine.check_invariant()
-    cache = sched.tree_cache
-    assert cache.protected_size() == 0
-    alloc = sched.runner.allocator
-    assert alloc.available_size() + cache.evictable_size() == alloc.size
 
 
 def run_staggered(engine: Engine, ps: list[list[int]], params: SamplingParams,

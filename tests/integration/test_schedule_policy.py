@@ -18,6 +18,7 @@ from radixlm.mem.radix_cache import RadixCache
 from radixlm.scheduler.policy import (FCFS, IN_BATCH_PREFIX_MIN, LPM, LPM_MAX_QUEUE_LEN,
                                       InBatchPrefixSharing, common_prefix_len, make_policy)
 from radixlm.scheduler.req import Req
+from tests.engine_checks import assert_all_slots_back as all_back
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -27,16 +28,6 @@ def tokens(n: int, seed: int) -> list[int]:
 
 def greedy(max_new: int = 8) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
-
-
-def all_back(engine: Engine, total: int) -> None:
-    """Idle: invariant holds, every KV slot is free or an unlocked radix cache entry."""
-    assert not engine.scheduler.has_work()
-    engine.check_invariant()
-    cache = engine.scheduler.tree_cache
-    assert cache.protected_size() == 0
-    assert engine.scheduler.runner.allocator.available_size() + cache.evictable_size() == total
-
 
 # --- policy order on a real RadixCache (no model) ---------------------------------------
 

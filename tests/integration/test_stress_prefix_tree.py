@@ -20,6 +20,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
+from tests.engine_checks import assert_all_slots_back
 
 POOL = 600
 MAX_NEW = 8
@@ -63,14 +64,6 @@ def expected(tiny_llama_dir, prompts) -> list[list[int]]:
     assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
     ref.check_invariant()
     return [o["output_ids"] for o in outs]
-
-
-def assert_all_slots_back(engine: Engine, total: int) -> None:
-    """Idle: every KV slot is free or an unlocked (evictable) radix cache entry."""
-    engine.check_invariant()
-    cache = engine.scheduler.tree_cache
-    assert cache.protected_size() == 0
-    assert engine.scheduler.runner.allocator.available_size() + cache.evictable_size() == total
 
 
 @pytest.mark.parametrize("policy,pool,ratio,extra", [
