@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import types
+import typing
+from typing import Any
 
 from radixlm.config import ServerArgs
 
 _DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
 _DEFAULTS = ServerArgs()
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """`chunked_prefill_size=-1` (or `--chunked-prefill-size=-1`) -> ("chunked_prefill_size", -1),
+    the value converted to the ServerArgs field's type."""
+    key, sep, value = text.partition("=")
+    key = key.strip().lstrip("-").replace("-", "_")
+    hints = typing.get_type_hints(ServerArgs)
+    if not sep or key not in {f.name for f in dataclasses.fields(ServerArgs)}:
+        raise argparse.ArgumentTypeError(f"expected SERVER_ARG=VALUE with a ServerArgs field, "
+                                         f"got {text!r}")
+    tp = hints[key]
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        if value.lower() == "none":
+            return key, None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if tp is bool:
+        return key, value.lower() in ("1", "true", "yes", "on")
+    try:
+        return key, tp(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{key}: {e}") from None
+
+
+def _add_engine_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine-arg", type=parse_engine_arg, action="append", default=[],
+                   metavar="KEY=VALUE", help="Any other ServerArgs field for the radixlm "
+                   "engine, e.g. chunked_prefill_size=-1 (repeatable).")
 
 
 def _print_with_warning(table, record: dict) -> None:
@@ -31,7 +63,7 @@ def _offline(ns: argparse.Namespace) -> None:
         max_running_requests=ns.max_running_requests, max_total_tokens=ns.max_total_tokens,
         max_prefill_tokens=ns.max_prefill_tokens, repeat=ns.repeat, baseline=ns.baseline,
         baseline_batch_size=ns.baseline_batch_size, num_threads=ns.num_threads,
-        output_file=ns.output_file, profile_file=ns.profile)
+        output_file=ns.output_file, profile_file=ns.profile, engine_args=dict(ns.engine_arg))
     _print_with_warning(offline_table, run_offline(cfg))
 
 
@@ -41,7 +73,8 @@ def _dtype(ns: argparse.Namespace) -> None:
     cfg = DtypeBenchConfig(model=ns.model, dtypes=tuple(ns.dtypes), batch_size=ns.batch_size,
                            prompt_len=ns.prompt_len, decode_steps=ns.decode_steps,
                            repeat=ns.repeat, seed=ns.seed,
-                           num_threads=ns.num_threads, output_file=ns.output_file)
+                           num_threads=ns.num_threads, output_file=ns.output_file,
+                           engine_args=dict(ns.engine_arg))
     _print_with_warning(dtype_table, run_dtype_bench(cfg))
 
 
@@ -92,6 +125,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="Static batch size of the baseline (default: --max-running-requests).")
     off.add_argument("--profile", default=None, metavar="FILE",
                      help="Write cProfile stats of the timed radixlm runs to FILE.")
+    _add_engine_arg(off)
     off.set_defaults(func=_offline)
 
     dt = sub.add_parser("dtype", help="One-batch prefill + decode speed per dtype.")
@@ -104,6 +138,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     dt.add_argument("--repeat", type=int, default=1, help="Rounds over the dtypes (interleaved); "
                     "the median is reported.")
     dt.add_argument("--seed", type=int, default=0, help="Prompt seed; repeat i uses seed + i.")
+    _add_engine_arg(dt)
     dt.set_defaults(func=_dtype)
 
     cs = sub.add_parser("cold-start", help="Seconds from `radixlm serve` start to the first "

@@ -36,6 +36,7 @@ class DtypeBenchConfig:
     seed: int = 0
     num_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     output_file: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)  # other ServerArgs fields
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,12 @@ class BatchTiming:
 
 def load_engine(cfg: DtypeBenchConfig, model_path: str, dtype: str) -> Engine:
     n = cfg.batch_size
-    # Pools sized for exactly this batch; the whole batch is one prefill step.
-    engine = Engine(model_path, dtype=dtype, max_running_requests=n,
-                    max_total_tokens=n * (cfg.prompt_len + cfg.decode_steps + 1),
-                    max_prefill_tokens=n * cfg.prompt_len)
+    # Pools sized for exactly this batch; the whole batch is one prefill step (no chunking).
+    args = {"max_running_requests": n,
+            "max_total_tokens": n * (cfg.prompt_len + cfg.decode_steps + 1),
+            "max_prefill_tokens": n * cfg.prompt_len,
+            "chunked_prefill_size": n * cfg.prompt_len, **cfg.engine_args}
+    engine = Engine(model_path, dtype=dtype, **args)
     vocab, excluded = prompt_vocab(engine)
     engine.generate(random_prompts(RandomWorkload(2, 16, 16, 2, seed=-1), vocab, excluded),
                     greedy_params(2))  # warm-up
@@ -64,7 +67,8 @@ def time_batch(engine: Engine, prompts: list[list[int]], decode_steps: int) -> B
     t0 = time.perf_counter()
     engine.step()
     prefill_s = time.perf_counter() - t0
-    assert not engine.scheduler.waiting, "the batch did not fit in one prefill step"
+    if engine.scheduler.waiting:
+        raise RuntimeError("the batch did not fit in one prefill step (check --engine-arg)")
     t0 = time.perf_counter()
     engine.run_until_done(rids)
     decode_s = time.perf_counter() - t0

@@ -45,6 +45,7 @@ class OfflineConfig:
     num_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     output_file: str | None = None
     profile_file: str | None = None  # cProfile stats of the timed radixlm runs
+    engine_args: dict[str, Any] = field(default_factory=dict)  # other ServerArgs fields
 
     def validate(self) -> None:
         self.workload.validate()
@@ -112,7 +113,7 @@ def _measure(cfg: OfflineConfig, log) -> dict[str, Any]:
     log(f"loading radixlm engine ({model_path}, dtype={cfg.dtype})")
     engine = Engine(model_path, dtype=cfg.dtype, max_running_requests=cfg.max_running_requests,
                     max_total_tokens=cfg.max_total_tokens,
-                    max_prefill_tokens=cfg.max_prefill_tokens)
+                    max_prefill_tokens=cfg.max_prefill_tokens, **cfg.engine_args)
     dtype = engine.scheduler.runner.dtype
     baseline = None
     batch_size = cfg.baseline_batch_size or cfg.max_running_requests

@@ -103,10 +103,11 @@ def machine_info() -> dict[str, Any]:
 
 
 def load_warning(record: dict[str, Any]) -> str | None:
-    """A line to print when other processes were busy: the figures are then unreliable."""
+    """A line to print when other processes were busy as the benchmark started. (The load
+    at the end, `load_avg_1m_end`, includes the benchmark's own threads.)"""
     cores = record["machine"]["cores"] or 1
-    loads = [record["machine"]["load_avg_1m"], record.get("load_avg_1m_end", 0.0)]
-    if max(loads) < 0.5 * cores:
+    load = record["machine"]["load_avg_1m"]
+    if load < 0.5 * cores:
         return None
-    return (f"warning: 1-minute load average {loads[0]:.1f} at the start, {loads[1]:.1f} at "
-            f"the end on {cores} cores: other processes share the CPU, figures are noisy")
+    return (f"warning: 1-minute load average {load:.1f} on {cores} cores as the benchmark "
+            f"started: other processes share the CPU, figures are noisy")

@@ -79,12 +79,13 @@ def test_cold_start_probe_on_a_closed_port():
 def test_dtype_bench_on_tiny_llama(tiny_llama_dir, tmp_path):
     from radixlm.bench.dtype import DtypeBenchConfig, dtype_table, run_dtype_bench
 
-    cfg = DtypeBenchConfig(model=tiny_llama_dir, dtypes=("float32", "bfloat16"), batch_size=2,
-                           prompt_len=8, decode_steps=3, repeat=2, num_threads=1,
+    # 4 x 300 prompt tokens: more than one default CPU prefill chunk, still one step.
+    cfg = DtypeBenchConfig(model=tiny_llama_dir, dtypes=("float32", "bfloat16"), batch_size=4,
+                           prompt_len=300, decode_steps=3, repeat=2, num_threads=1,
                            output_file=str(tmp_path / "dtype.jsonl"))
     rec = run_dtype_bench(cfg, log=lambda *_: None)
     assert [r["dtype"] for r in rec["results"]] == ["float32", "bfloat16"]
-    assert rec["prefill_tokens"] == 16 and rec["decode_tokens"] == 6
+    assert rec["prefill_tokens"] == 1200 and rec["decode_tokens"] == 12
     assert all(len(r["runs"]) == 2 and r["decode_tok_s"] > 0 for r in rec["results"])
     assert rec["fastest_decode"] in ("float32", "bfloat16")
     assert "bfloat16" in dtype_table(rec)

@@ -66,3 +66,19 @@ def test_cli_wiring():
     assert ns.dtypes == ["float32", "bfloat16"]
     ns = p.parse_args(["bench", "cold-start", "--timeout", "5", "--", "--dtype", "float32"])
     assert ns.timeout == 5.0 and ns.server_args[-2:] == ["--dtype", "float32"]
+
+
+def test_engine_arg_parsing():
+    import argparse
+
+    from radixlm.bench.cli import parse_engine_arg
+
+    assert parse_engine_arg("chunked_prefill_size=-1") == ("chunked_prefill_size", -1)
+    assert parse_engine_arg("--max-total-tokens=4096") == ("max_total_tokens", 4096)
+    assert parse_engine_arg("enable_mixed_chunk=true") == ("enable_mixed_chunk", True)
+    assert parse_engine_arg("context_length=none") == ("context_length", None)
+    for bad in ("no_such_field=1", "max_total_tokens", "max_total_tokens=lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_engine_arg(bad)
+    ns = build_parser().parse_args(["bench", "offline", "--engine-arg", "chunked_prefill_size=-1"])
+    assert dict(ns.engine_arg) == {"chunked_prefill_size": -1}
