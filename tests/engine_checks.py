@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+from radixlm.sampling_params import SamplingParams
+
 
 def assert_all_slots_back(engine, total: int | None = None) -> None:
     """Idle engine: the pool invariant holds and every KV slot is free or an unlocked
@@ -13,3 +17,21 @@ def assert_all_slots_back(engine, total: int | None = None) -> None:
     assert cache.protected_size() == 0
     alloc = sched.runner.allocator
     assert alloc.available_size() + cache.evictable_size() == (alloc.size if total is None else total)
+
+
+def run_staggered(engine, ps: list[list[int]],
+                  params: list[SamplingParams] | SamplingParams, seed: int = 0) -> list[list[int]]:
+    """Submit the prompts a few steps apart; check the pool invariant after every step."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(ps)
+    rng = random.Random(seed)
+    rids = []
+    for p, sp in zip(ps, params):
+        rids.append(engine.submit(p, sp))
+        for _ in range(rng.randrange(0, 4)):
+            engine.step()
+            engine.check_invariant()
+    while not all(engine.result(r)["finished"] for r in rids):
+        engine.step()
+        engine.check_invariant()
+    return [engine.pop_result(r)["output_ids"] for r in rids]

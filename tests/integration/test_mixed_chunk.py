@@ -13,7 +13,7 @@ import pytest
 from radixlm import SamplingParams
 from radixlm.engine import Engine
 from radixlm.executor.forward_batch import ForwardMode
-from tests.engine_checks import assert_all_slots_back as all_back
+from tests.engine_checks import assert_all_slots_back as all_back, run_staggered
 
 
 def prompts(n: int, seed: int, lo: int = 10, hi: int = 80) -> list[list[int]]:
@@ -40,24 +40,6 @@ def count_modes(engine: Engine) -> Counter:
 
     runner.forward = spy
     return modes
-
-
-def run_staggered(engine: Engine, ps: list[list[int]],
-                  params: list[SamplingParams] | SamplingParams, seed: int = 0) -> list[list[int]]:
-    """Submit the prompts a few steps apart; check the pool invariant after every step."""
-    if isinstance(params, SamplingParams):
-        params = [params] * len(ps)
-    rng = random.Random(seed)
-    rids = []
-    for p, sp in zip(ps, params):
-        rids.append(engine.submit(p, sp))
-        for _ in range(rng.randrange(0, 4)):
-            engine.step()
-            engine.check_invariant()
-    while not all(engine.result(r)["finished"] for r in rids):
-        engine.step()
-        engine.check_invariant()
-    return [engine.pop_result(r)["output_ids"] for r in rids]
 
 
 @pytest.mark.parametrize("chunk,total,page", [(16, 4096, 1), (7, 260, 1), (13, 260, 4),

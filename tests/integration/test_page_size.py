@@ -11,7 +11,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
-from tests.engine_checks import assert_all_slots_back as all_back
+from tests.engine_checks import assert_all_slots_back as all_back, run_staggered
 
 
 def prompts(n: int, seed: int, lo: int = 20, hi: int = 70) -> list[list[int]]:
@@ -21,22 +21,6 @@ def prompts(n: int, seed: int, lo: int = 20, hi: int = 70) -> list[list[int]]:
 
 def greedy(max_new: int = 12) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
-
-
-def run_staggered(engine: Engine, ps: list[list[int]], params: SamplingParams,
-                  seed: int = 0) -> list[list[int]]:
-    """Submit the prompts a few steps apart; check the pool invariant after every step."""
-    rng = random.Random(seed)
-    rids = []
-    for p in ps:
-        rids.append(engine.submit(p, params))
-        for _ in range(rng.randrange(0, 4)):
-            engine.step()
-            engine.check_invariant()
-    while not all(engine.result(r)["finished"] for r in rids):
-        engine.step()
-        engine.check_invariant()
-    return [engine.pop_result(r)["output_ids"] for r in rids]
 
 
 @pytest.fixture(scope="module")
