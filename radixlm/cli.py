@@ -1,4 +1,4 @@
-"""`radixlm serve | generate | bench`: the command line, flags generated from ServerArgs."""
+"""`radixlm serve | generate | bench | memory`: the command line, flags generated from ServerArgs."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 def _serve(ns: argparse.Namespace) -> None:
     from radixlm.models import ModelNotFoundError
     from radixlm.process_utils import setup_logging
+    from radixlm.router.launch_dp import DPLaunchError, launch_dp
     from radixlm.server.launch import LaunchError, launch_server
 
     args = from_cli_args(ns)
-    setup_logging(args.log_level, "api")
+    setup_logging(args.log_level, "api" if args.dp_size <= 1 else "router")
     try:
-        launch_server(args)
-    except (LaunchError, ModelNotFoundError) as e:
+        if args.dp_size > 1:
+            launch_dp(args)
+        else:
+            launch_server(args)
+    except (LaunchError, DPLaunchError, ModelNotFoundError) as e:
         print(f"radixlm serve: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -72,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     from radixlm.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+
+    from radixlm.mem.memory_cli import add_memory_parser
+
+    add_memory_parser(sub)
+
+    from radixlm.router.cli import add_router_parser
+
+    add_router_parser(sub)
     return parser
 
 

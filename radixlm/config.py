@@ -32,10 +32,31 @@ class ServerArgs:
                       "there, see docs/benchmarks.md), bfloat16 on CUDA.",
                       ["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("auto", "auto picks cuda when available, else cpu.", ["auto", "cpu", "cuda"])
+    attention_backend: str = _opt(
+        "auto", "Attention kernels. auto: triton on CUDA (when triton is installed), torch "
+        "elsewhere. triton runs on the CPU only under TRITON_INTERPRET=1 (tests).",
+        ["auto", "torch", "triton"])
     context_length: int | None = _opt(None, "Max tokens per request (prompt + output). "
                                       "Default: the model's max_position_embeddings.")
-    max_running_requests: int = _opt(64, "Max requests decoding at once (rows of req_to_token_pool).")
-    max_total_tokens: int = _opt(65536, "KV cache pool size in tokens (token_to_kv_pool slots).")
+    max_running_requests: int | None = _opt(
+        None, "Max requests decoding at once (rows of req_to_token_pool). Default: derived "
+        "by the memory plan: min(64 on CPU / 4096 on CUDA, KV pool pages, the largest decode "
+        "batch whose activations fit).")
+    max_total_tokens: int | None = _opt(
+        None, "Cap on the KV cache pool in tokens (token_to_kv_pool slots); the pool is what "
+        "the memory plan gives, at most this. Default: no cap on CUDA, 65536 on CPU.")
+    mem_fraction_static: float | None = _opt(
+        None, "Share of the device for the static pools (weights + KV cache); the rest is "
+        "activation memory. Higher: more KV, less activation headroom. Default: "
+        "1 - (1 GiB CUDA / 256 MiB CPU + 1.5 x the prefill chunk's activation peak) / device "
+        "memory, clamped to [0.5, 0.93] (docs/tuning.md).")
+    device_memory: str | None = _opt(
+        None, "Memory budget of the device, e.g. 24GiB or 80GB. Default: CUDA: the GPU's "
+        "memory; CPU: the host's available memory at start.")
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache dtype. auto: the run dtype. fp8_* are planning-only for now "
+        "(radixlm memory); the engine refuses them.",
+        ["auto", "bfloat16", "float16", "float32", "fp8_e4m3", "fp8_e5m2"])
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
     chunked_prefill_size: int | None = _opt(
         None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "
@@ -49,6 +70,10 @@ class ServerArgs:
     enable_mixed_chunk: bool = _opt(
         False, "Run the running requests' decodes in the same forward as a prefill (chunk) "
         "batch (mixed chunked prefill) instead of alternating prefill and decode steps.")
+    disable_overlap_schedule: bool = _opt(
+        False, "Run the serial scheduler loop: process each batch's results before building "
+        "the next one. By default (overlap) batch N+1 is built and launched on a forward "
+        "thread before batch N's results are processed, hiding the CPU scheduling time.")
     schedule_policy: str = _opt(
         "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
         "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])
@@ -60,6 +85,23 @@ class ServerArgs:
         None, "Decrease of the new-token ratio per decode step. Default: "
         "(init - min) / 600, i.e. the minimum is reached after 600 decode steps.")
     random_seed: int = _opt(0, "Seed for requests that do not give their own.")
+    enable_deterministic_inference: bool = _opt(
+        False, "Same input, same output: a request's logits are bitwise identical whatever "
+        "its batch, chunk boundaries or cache state (fixed-tile GEMMs, batch-invariant "
+        "attention), and a seeded draw depends only on (seed, position, distribution). "
+        "Costs throughput (docs/deterministic.md); overrides --attention-backend.")
+    dp_size: int = _opt(
+        1, "Data parallelism: run this many engine instances (internal ports) behind the "
+        "cache-aware router on --host/--port (radixlm/router/launch_dp.py). serve only.")
+    tp_size: int = _opt(
+        1, "Tensor parallelism: split the model over this many ranks (processes; one GPU "
+        "each on CUDA), all-reducing over torch.distributed (NCCL on CUDA, gloo on CPU). "
+        "serve only; the offline Engine runs tp_size 1.")
+    nnodes: int = _opt(1, "Hosts the --tp-size ranks span (tp_size / nnodes ranks each).")
+    node_rank: int = _opt(0, "This host's index among --nnodes (0 runs the HTTP server).")
+    dist_init_addr: str | None = _opt(
+        None, "HOST:PORT of node 0 for torch.distributed's TCP rendezvous. Default: a free "
+        "127.0.0.1 port (one host only).")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def replace(self, **changes: Any) -> "ServerArgs":

@@ -72,6 +72,13 @@ class Engine:
         rids = list(rids)
         while not all(self._results[r]["finished"] for r in rids):
             self.step()
+        self.settle()
+
+    def settle(self) -> None:
+        """Overlap scheduling answers a request one step before its last launched batch
+        completes: when nothing else runs, finish that batch so the pools are idle."""
+        while self.scheduler.only_settling():
+            self.step()
 
     # --- batch API ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ They are plain dataclasses; `radixlm.ipc` is the one serializer (pickle over ZMQ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixlm.sampling_params import SamplingParams
 
@@ -70,6 +71,10 @@ class PoolStats:
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     cache_hit_rate: float = 0.0
+    # Scheduler step timing (StepTimer.as_dict(): forwards, forward_s, bubble_s,
+    # schedule_s, bubble_share) and whether the overlap loop runs.
+    step_timing: dict[str, float] | None = None
+    overlap: bool = False
 
 
 # --- to the detokenizer -----------------------------------------------------------
@@ -140,6 +145,9 @@ class SchedulerReady:
     max_running_requests: int
     context_len: int
     vocab_size: int
+    # The MemoryPlan the pools were allocated from (radixlm.mem.planner; /get_server_info
+    # and /metrics show it). None from engines that do not plan.
+    memory_plan: Any = None
 
 
 @dataclass(slots=True)

@@ -9,7 +9,9 @@ from radixlm.sampling_params import SamplingParams
 
 def assert_all_slots_back(engine, total: int | None = None) -> None:
     """Idle engine: the pool invariant holds and every KV slot is free or an unlocked
-    (evictable) radix cache entry; `total` defaults to the pool size."""
+    (evictable) radix cache entry; `total` defaults to the pool size. A batch still in
+    flight (overlap scheduling) that holds only answered requests is settled first."""
+    engine.settle()
     sched = engine.scheduler
     assert not sched.has_work()
     engine.check_invariant()
@@ -34,4 +36,5 @@ def run_staggered(engine, ps: list[list[int]],
     while not all(engine.result(r)["finished"] for r in rids):
         engine.step()
         engine.check_invariant()
+    engine.settle()
     return [engine.pop_result(r)["output_ids"] for r in rids]

@@ -26,9 +26,32 @@ class AttentionBackend(ABC):
         """
 
 
-def create_attention_backend(name: str) -> AttentionBackend:
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_attention_backend_name(name: str, device: torch.device) -> str:
+    """auto: triton on CUDA (torch when triton is not installed), torch elsewhere."""
+    if name != "auto":
+        return name
+    return "triton" if device.type == "cuda" and triton_available() else "torch"
+
+
+def create_attention_backend(name: str, device: torch.device | None = None) -> AttentionBackend:
+    device = device or torch.device("cpu")
+    name = resolve_attention_backend_name(name, device)
     if name == "torch":
         from radixlm.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; available: torch")
+    if name == "triton":
+        if not triton_available():
+            raise ValueError("--attention-backend triton needs the triton package (pip install triton)")
+        from radixlm.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(device)
+    raise ValueError(f"unknown attention backend {name!r}; available: auto, torch, triton")

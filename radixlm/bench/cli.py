@@ -1,41 +1,20 @@
-"""`radixlm bench offline | dtype | cold-start`: argparse wiring only; the work is elsewhere."""
+"""`radixlm bench serve | offline | one-batch | long-prompt | dtype | cold-start`: argparse
+wiring only; the work is elsewhere."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-import types
-import typing
-from typing import Any
 
+from radixlm.bench.cli_args import add_ablation_arg, add_dataset_args
+from radixlm.bench.datasets import DatasetArgs
+from radixlm.bench.engine_args import parse_ablation, parse_engine_arg  # noqa: F401
+from radixlm.bench.report import load_warning
 from radixlm.config import ServerArgs
 
 _DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
 _DEFAULTS = ServerArgs()
-
-
-def parse_engine_arg(text: str) -> tuple[str, Any]:
-    """`chunked_prefill_size=-1` (or `--chunked-prefill-size=-1`) -> ("chunked_prefill_size", -1),
-    the value converted to the ServerArgs field's type."""
-    key, sep, value = text.partition("=")
-    key = key.strip().lstrip("-").replace("-", "_")
-    hints = typing.get_type_hints(ServerArgs)
-    if not sep or key not in {f.name for f in dataclasses.fields(ServerArgs)}:
-        raise argparse.ArgumentTypeError(f"expected SERVER_ARG=VALUE with a ServerArgs field, "
-                                         f"got {text!r}")
-    tp = hints[key]
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        if value.lower() == "none":
-            return key, None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    if tp is bool:
-        return key, value.lower() in ("1", "true", "yes", "on")
-    try:
-        return key, tp(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{key}: {e}") from None
 
 
 def _add_engine_arg(p: argparse.ArgumentParser) -> None:
@@ -45,8 +24,6 @@ def _add_engine_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _print_with_warning(table, record: dict) -> None:
-    from radixlm.bench.report import load_warning
-
     print(table(record))
     if (warning := load_warning(record)) is not None:
         print(warning)
@@ -63,8 +40,27 @@ def _offline(ns: argparse.Namespace) -> None:
         max_running_requests=ns.max_running_requests, max_total_tokens=ns.max_total_tokens,
         max_prefill_tokens=ns.max_prefill_tokens, repeat=ns.repeat, baseline=ns.baseline,
         baseline_batch_size=ns.baseline_batch_size, num_threads=ns.num_threads,
-        output_file=ns.output_file, profile_file=ns.profile, engine_args=dict(ns.engine_arg))
-    _print_with_warning(offline_table, run_offline(cfg))
+        output_file=ns.output_file, profile_file=ns.profile, engine_args=dict(ns.engine_arg),
+        shared_prefix=_shared_prefix(ns), ablations=tuple(ns.ablation))
+    record = run_offline(cfg)
+    _print_with_warning(offline_table, record)
+    if ns.plot:
+        from radixlm.bench.plots import plot_bars
+
+        names = [n for n in record["engines"]]
+        print("wrote " + plot_bars(names, [record[n]["median_output_tok_s"] for n in names],
+                                   "output tokens/s (median)", f"bench offline: {ns.dataset}",
+                                   ns.plot, f"offline_{ns.dataset}_throughput.png"))
+
+
+def _shared_prefix(ns: argparse.Namespace):
+    from radixlm.bench.datasets import SharedPrefixDataset
+
+    if ns.dataset != "generated-shared-prefix":
+        return None
+    return SharedPrefixDataset(ns.gsp_num_groups, ns.gsp_prompts_per_group,
+                               ns.gsp_system_prompt_len, ns.gsp_question_len, ns.gsp_output_len,
+                               1, ns.seed)
 
 
 def _dtype(ns: argparse.Namespace) -> None:
@@ -94,6 +90,90 @@ def _cold_start(ns: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def _overlap(ns: argparse.Namespace) -> None:
+    from radixlm.bench.overlap import OverlapBenchConfig, overlap_table, run_overlap_bench
+
+    cfg = OverlapBenchConfig(model=ns.model, workload=ns.workload, num_prompts=ns.num_prompts,
+                             output_len=ns.output_len, repeat=ns.repeat, seed=ns.seed,
+                             num_threads=ns.num_threads, engine_args=dict(ns.engine_arg),
+                             output_file=ns.output_file)
+    print(overlap_table(run_overlap_bench(cfg)))
+
+
+def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.bench.cli_args import dataset_args_from
+    from radixlm.bench.serve import ServeBenchConfig, run_serve_bench, serve_table
+    from radixlm.bench.server_proc import ServerStartError
+
+    cfg = ServeBenchConfig(
+        dataset=dataset_args_from(ns), request_rate=ns.request_rate,
+        max_concurrency=tuple(ns.max_concurrency), num_warmup=ns.warmup_requests,
+        repeat=ns.repeat, base_url=ns.base_url, backend=ns.backend, api_key=ns.api_key,
+        model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
+        ablations=tuple(ns.ablation), llama_server=ns.llama_server,
+        output_file=ns.output_file, output_details=ns.output_details,
+        show_progress=not ns.disable_tqdm)
+    try:
+        records = run_serve_bench(cfg)
+    except (ServerStartError, FileNotFoundError, ValueError) as e:
+        print(f"radixlm bench serve: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(serve_table(records))
+    if (warning := load_warning(records[0])) is not None:
+        print(warning)
+    if ns.plot:
+        from radixlm.bench.plots import plot_serve
+
+        for path in plot_serve(records, ns.plot):
+            print(f"wrote {path}")
+
+
+def _one_batch(ns: argparse.Namespace) -> None:
+    from radixlm.bench.one_batch import OneBatchConfig, one_batch_table, run_one_batch
+
+    cfg = OneBatchConfig(model=ns.model, dtype=ns.dtype, batch_sizes=tuple(ns.batch_sizes),
+                         prompt_len=ns.prompt_len, decode_steps=ns.decode_steps,
+                         repeat=ns.repeat, seed=ns.seed, copy_mib=ns.copy_mib,
+                         num_threads=ns.num_threads, output_file=ns.output_file,
+                         engine_args=dict(ns.engine_arg))
+    record = run_one_batch(cfg)
+    _print_with_warning(one_batch_table, record)
+    if ns.plot:
+        from radixlm.bench.plots import plot_bars
+
+        rows = record["results"]
+        print("wrote " + plot_bars([f"batch {r['batch_size']}" for r in rows],
+                                   [100 * r["roofline_share"] for r in rows],
+                                   "% of measured copy bandwidth",
+                                   "Decode step: share of the bandwidth roofline", ns.plot,
+                                   "one_batch_roofline.png"))
+
+
+def _long_prompt(ns: argparse.Namespace) -> None:
+    from radixlm.bench.long_prompt import (DEFAULT_CONFIGS, LongPromptConfig, long_prompt_table,
+                                           run_long_prompt, timeline_series)
+
+    cfg = LongPromptConfig(model=ns.model, configs=tuple(ns.config) or DEFAULT_CONFIGS,
+                           num_streams=ns.num_streams, stream_prompt_len=ns.stream_prompt_len,
+                           long_prompt_len=ns.long_prompt_len, warm_steps=ns.warm_steps,
+                           tail_steps=ns.tail_steps, repeat=ns.repeat, seed=ns.seed,
+                           num_threads=ns.num_threads, output_file=ns.output_file,
+                           engine_args=dict(ns.engine_arg))
+    record = run_long_prompt(cfg)
+    _print_with_warning(long_prompt_table, record)
+    if ns.plot:
+        from radixlm.bench.plots import plot_timeline
+
+        series, marks = timeline_series(record)
+        print("wrote " + plot_timeline(series, marks, ns.plot, "long_prompt_itl_timeline.png",
+                                       f"ITL of {cfg.num_streams} streams; a "
+                                       f"{cfg.long_prompt_len}-token prompt arrives"))
+
+
+def _concurrency(text: str) -> int | None:
+    return None if text.lower() in ("inf", "none", "0") else int(text)
+
+
 def _common(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("--model", default=None, help="Model path (default: the default model).")
     p.add_argument("--output-file", default=None, help="Append one JSON line with the results.")
@@ -115,8 +195,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     off.add_argument("--input-len-max", type=int, default=512)
     off.add_argument("--output-len", type=int, default=128)
     off.add_argument("--seed", type=int, default=0, help="Workload seed; repeat i uses seed + i.")
-    off.add_argument("--max-running-requests", type=int, default=_DEFAULTS.max_running_requests)
-    off.add_argument("--max-total-tokens", type=int, default=_DEFAULTS.max_total_tokens)
+    # Fixed values (the published runs'), not the memory plan's derived defaults.
+    off.add_argument("--max-running-requests", type=int, default=64)
+    off.add_argument("--max-total-tokens", type=int, default=65536)
     off.add_argument("--max-prefill-tokens", type=int, default=_DEFAULTS.max_prefill_tokens)
     off.add_argument("--repeat", type=int, default=1, help="Runs per engine (interleaved); "
                      "the median is reported.")
@@ -125,7 +206,18 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="Static batch size of the baseline (default: --max-running-requests).")
     off.add_argument("--profile", default=None, metavar="FILE",
                      help="Write cProfile stats of the timed radixlm runs to FILE.")
+    off.add_argument("--dataset", default="random", choices=["random", "generated-shared-prefix"],
+                     help="random: --num-prompts/--input-len-*/--output-len; "
+                     "generated-shared-prefix: the --gsp-* flags.")
+    d = DatasetArgs()
+    off.add_argument("--gsp-num-groups", type=int, default=d.gsp_num_groups)
+    off.add_argument("--gsp-prompts-per-group", type=int, default=d.gsp_prompts_per_group)
+    off.add_argument("--gsp-system-prompt-len", type=int, default=d.gsp_system_prompt_len)
+    off.add_argument("--gsp-question-len", type=int, default=d.gsp_question_len)
+    off.add_argument("--gsp-output-len", type=int, default=d.gsp_output_len)
+    off.add_argument("--plot", default=None, metavar="DIR", help="Write PNG plots to DIR.")
     _add_engine_arg(off)
+    add_ablation_arg(off)
     off.set_defaults(func=_offline)
 
     dt = sub.add_parser("dtype", help="One-batch prefill + decode speed per dtype.")
@@ -140,6 +232,84 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     dt.add_argument("--seed", type=int, default=0, help="Prompt seed; repeat i uses seed + i.")
     _add_engine_arg(dt)
     dt.set_defaults(func=_dtype)
+
+    sv = sub.add_parser("serve", help="Serving load generator for OpenAI-compatible servers; "
+                        "without --base-url, starts radixlm (+ ablations, llama-server) itself.")
+    _common(sv, threads=False)
+    sv.add_argument("--base-url", default=None,
+                    help="A running server, e.g. http://127.0.0.1:30000 (default: start them).")
+    sv.add_argument("--backend", default="openai", choices=["openai", "radixlm"],
+                    help="radixlm: also flush the server's cache before each run and read its "
+                    "/server_info (servers this command starts always use it).")
+    sv.add_argument("--api-key", default=None)
+    sv.add_argument("--tokenizer", default=None, help="Tokenizer for prompt lengths "
+                    "(default: the model's).")
+    add_dataset_args(sv)
+    sv.add_argument("--request-rate", type=float, default=float("inf"),
+                    help="Requests/s, Poisson arrivals; inf = all at once.")
+    sv.add_argument("--max-concurrency", type=_concurrency, nargs="+", default=[None],
+                    help="Max requests in flight; several values run one after another "
+                    "(throughput vs concurrency). inf = no cap.")
+    sv.add_argument("--warmup-requests", type=int, default=1)
+    sv.add_argument("--repeat", type=int, default=1, help="Runs per server (interleaved); "
+                    "the table shows medians.")
+    sv.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="llama-server binary to compare with (default: llama-server on PATH "
+                    "or .llama_cpp/bin/llama-server if built; 'none' to skip).")
+    sv.add_argument("--output-details", action="store_true",
+                    help="Per-request TTFTs, ITLs and latencies in the JSON lines.")
+    sv.add_argument("--plot", default=None, metavar="DIR", help="Write PNG plots to DIR.")
+    sv.add_argument("--disable-tqdm", action="store_true")
+    _add_engine_arg(sv)
+    add_ablation_arg(sv)
+    sv.set_defaults(func=_serve)
+
+    ob = sub.add_parser("one-batch", help="Prefill latency and decode step time of a static "
+                        "batch; achieved bandwidth and share of the measured roofline.")
+    _common(ob)
+    ob.add_argument("--dtype", default="auto", choices=_DTYPE_CHOICES)
+    ob.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    ob.add_argument("--prompt-len", type=int, default=128)
+    ob.add_argument("--decode-steps", type=int, default=16)
+    ob.add_argument("--repeat", type=int, default=1, help="Rounds over the batch sizes "
+                    "(interleaved); medians are reported.")
+    ob.add_argument("--seed", type=int, default=0)
+    ob.add_argument("--copy-mib", type=int, default=512,
+                    help="Buffer size of the bandwidth-measuring copy.")
+    ob.add_argument("--plot", default=None, metavar="DIR", help="Write PNG plots to DIR.")
+    _add_engine_arg(ob)
+    ob.set_defaults(func=_one_batch)
+
+    lp = sub.add_parser("long-prompt", help="ITL of running streams while a long prompt "
+                        "arrives, per configuration (default: chunked prefill on vs off).")
+    _common(lp)
+    lp.add_argument("--config", type=parse_ablation, action="append", default=[],
+                    metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                    help="A configuration to compare (repeatable; default: 'chunked "
+                    "(default)' and 'no-chunk:chunked_prefill_size=-1'); 'NAME:' = the defaults.")
+    lp.add_argument("--num-streams", type=int, default=8)
+    lp.add_argument("--stream-prompt-len", type=int, default=64)
+    lp.add_argument("--long-prompt-len", type=int, default=2048)
+    lp.add_argument("--warm-steps", type=int, default=8,
+                    help="Decode steps of the streams before the long prompt arrives.")
+    lp.add_argument("--tail-steps", type=int, default=4,
+                    help="Steps after the long prompt's first token still in the window.")
+    lp.add_argument("--repeat", type=int, default=1)
+    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--plot", default=None, metavar="DIR", help="Write PNG plots to DIR.")
+    _add_engine_arg(lp)
+    lp.set_defaults(func=_long_prompt)
+
+    ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "
+                        "throughput ratio and the device bubble.")
+    _common(ov)
+    ov.add_argument("--workload", choices=["decode", "mixed"], default="decode")
+    ov.add_argument("--num-prompts", type=int, default=None)
+    ov.add_argument("--output-len", type=int, default=None)
+    ov.add_argument("--repeat", type=int, default=3)
+    ov.add_argument("--seed", type=int, default=0)
+    _add_engine_arg(ov)
+    ov.set_defaults(func=_overlap)
 
     cs = sub.add_parser("cold-start", help="Seconds from `radixlm serve` start to the first "
                         "token, with a fresh and then a warm RADIXLM_CACHE_DIR.")

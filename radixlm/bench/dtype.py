@@ -53,7 +53,10 @@ def load_engine(cfg: DtypeBenchConfig, model_path: str, dtype: str) -> Engine:
     args = {"max_running_requests": n,
             "max_total_tokens": n * (cfg.prompt_len + cfg.decode_steps + 1),
             "max_prefill_tokens": n * cfg.prompt_len,
-            "chunked_prefill_size": n * cfg.prompt_len, **cfg.engine_args}
+            "chunked_prefill_size": n * cfg.prompt_len,
+            # Serial loop: with overlap a step() returns the step before's results, so the
+            # first step() would not contain the prefill's time.
+            "disable_overlap_schedule": True, **cfg.engine_args}
     engine = Engine(model_path, dtype=dtype, **args)
     vocab, excluded = prompt_vocab(engine)
     engine.generate(random_prompts(RandomWorkload(2, 16, 16, 2, seed=-1), vocab, excluded),

@@ -55,3 +55,8 @@ class ForwardBatch:
     req_to_token_pool: "ReqToTokenPool | None" = None
     token_to_kv_pool: "TokenToKVPool | None" = None
     attn_backend: "AttentionBackend | None" = None
+    # Overlap scheduling: input_ids[future_token_idx] are placeholders for tokens that were
+    # still being sampled when the batch was built; the forward worker fills them from its
+    # token relay (relay[future_token_rows], indexed by req_to_token row) before running.
+    future_token_idx: torch.Tensor | None = None  # [F] int64 indices into input_ids
+    future_token_rows: torch.Tensor | None = None  # [F] int64 req_to_token rows

@@ -1,9 +1,13 @@
 """ModelRunner: owns the model, the pools and the attention backend; runs forwards.
 
-It loads the weights, sizes and allocates `req_to_token_pool` and `token_to_kv_pool`
-(for now from --max-total-tokens, rounded down to whole --page-size pages; the memory
-planner comes later), and turns a ForwardBatch into logits and a SamplingBatchInfo into
-sampled tokens.
+It loads the weights, then builds the MemoryPlan (`mem/planner.py`: weights, KV pool,
+activations, from the measured weight bytes and the device's memory) and allocates exactly
+what it says: `token_to_kv_pool` of `plan.kv_tokens` slots (--max-total-tokens is a cap)
+and `req_to_token_pool` of `plan.max_running_requests` rows. A plan that cannot work
+refuses the start (`MemoryPlanError`, with the flag to change). It turns a ForwardBatch
+into logits and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
+activation budget (`activation_guard`), which the scheduler checks before it launches a
+batch (`scheduler/oom_recovery.py`).
 """
 
 from __future__ import annotations
@@ -14,11 +18,22 @@ import time
 import torch
 
 from radixlm.attention import create_attention_backend
+from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
 from radixlm.executor.forward_batch import ForwardBatch
 from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
+from radixlm.mem.activation_guard import ActivationGuard
+from radixlm.mem.device_memory import probe_device_memory
+from radixlm.mem.plan_report import plan_table
+from radixlm.mem.planner import (DTYPE_BYTES, ENGINE_KV_CACHE_DTYPES, MemoryPlan,
+                                 default_chunked_prefill_size, default_max_total_tokens,
+                                 plan_memory)
+from radixlm.mem.units import parse_size
+from radixlm.mem.weight_estimate import kv_heads_per_rank, module_bytes
 from radixlm.models import ModelConfig, load_model
+from radixlm.models.batch_invariant import BatchInvariantOps, make_batch_invariant
+from radixlm.models.parallel_context import SINGLE, ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +57,43 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_chunked_prefill_size(value: int | None, device: torch.device) -> int:
-    """None: a default by device. On the CPU compute, not memory, is the limit: 1024
-    tokens keep one chunk of the default model near a second. On CUDA, bigger devices take
-    bigger chunks (more activation headroom), as SGLang's defaults do."""
+    """None: a default by device (`planner.default_chunked_prefill_size`)."""
     if value is not None:
         return value
-    if device.type != "cuda":
-        return 1024
-    total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-    return 2048 if total_gib < 24 else 4096 if total_gib < 80 else 8192
+    total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+             else 0)
+    return default_chunked_prefill_size(device.type, total)
+
+
+def resolve_kv_cache_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """auto: the run dtype. fp8 KV is planned (`radixlm memory`) but not stored yet."""
+    if name not in ENGINE_KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {name} is planning-only for now (radixlm memory); "
+                         f"the engine stores KV in one of {', '.join(ENGINE_KV_CACHE_DTYPES)}")
+    return dtype if name == "auto" else _DTYPES[name]
+
+
+class MemoryPlanError(ValueError):
+    """The memory plan cannot work; the message says why and which flag to change."""
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, ctx: ParallelContext = SINGLE) -> None:
+        """`ctx`: this process's tensor-parallel rank (executor/distributed.py); the model
+        and the KV pool hold only that rank's heads."""
+        if args.tp_size != ctx.tp_size:
+            raise ValueError(f"--tp-size {args.tp_size} needs one process per rank "
+                             f"(radixlm serve); this runner is rank {ctx.tp_rank} of {ctx.tp_size}")
         self.args = args
+        self.ctx = ctx
         self.device = resolve_device(args.device)
+        if self.device.type == "cuda" and ctx.is_parallel:
+            # This rank's GPU (set by init_tensor_parallel), named explicitly: the current
+            # device is per thread, and the forward thread starts on cuda:0.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(args.dtype, self.device)
         t0 = time.perf_counter()
-        self.model, self.model_config = load_model(model_path, self.dtype, self.device)
+        self.model, self.model_config = load_model(model_path, self.dtype, self.device, ctx=ctx)
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
@@ -67,20 +101,65 @@ class ModelRunner:
         # a sequence fits in the window, so the window caps the context.
         self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30,
                                cfg.sliding_window or 1 << 30)
-        if args.page_size < 1 or args.page_size > args.max_total_tokens:
+        cap = (args.max_total_tokens if args.max_total_tokens is not None
+               else default_max_total_tokens(self.device.type))
+        if args.page_size < 1 or (cap is not None and args.page_size > cap):
             raise ValueError(f"--page-size must be between 1 and --max-total-tokens "
-                             f"({args.max_total_tokens}), got {args.page_size}")
+                             f"({cap}), got {args.page_size}")
         self.page_size = args.page_size
-        # The allocator hands out whole pages: the pool is rounded down to a page multiple.
-        self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
-        self.max_running_requests = args.max_running_requests
         self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
+        self.plan = self._plan(args, cap)
+        # The allocator hands out whole pages: the plan's pool is a page multiple.
+        self.max_total_tokens = self.plan.kv_tokens
+        self.max_running_requests = self.plan.max_running_requests
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
-        self.token_to_kv_pool = TokenToKVPool(self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads,
-                                              cfg.head_dim, self.dtype, self.device)
+        # Per rank: only the KV heads of the rank's Q heads (split or replicated).
+        self.token_to_kv_pool = TokenToKVPool(self.max_total_tokens, cfg.num_layers,
+                                              kv_heads_per_rank(cfg, ctx.tp_size),
+                                              cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = KVSlotAllocator(self.max_total_tokens, self.device, self.page_size)
-        self.attn_backend = create_attention_backend("torch")
-        self.sampler = Sampler()
+        if args.enable_deterministic_inference:
+            # Batch-invariant GEMMs, attention and draws (docs/deterministic.md).
+            make_batch_invariant(self.model, BatchInvariantOps())
+            self.attn_backend = BatchInvariantAttentionBackend()
+        else:
+            self.attn_backend = create_attention_backend(args.attention_backend, self.device)
+        self.sampler = Sampler(deterministic=args.enable_deterministic_inference)
+        # The CPU's out-of-memory: the planned activation pool as a budget (CUDA raises
+        # torch.OutOfMemoryError by itself).
+        self.activation_guard = (ActivationGuard(self.plan.activation, self.plan.activation_headroom)
+                                 if self.device.type == "cpu" else None)
+
+    def _plan(self, args: ServerArgs, cap: int | None) -> MemoryPlan:
+        """The three pools from the loaded weights and the device; log them; refuse to go
+        on when the plan cannot work."""
+        weights = module_bytes(self.model)
+        budget = parse_size(args.device_memory) if args.device_memory else None
+        device_mem = probe_device_memory(self.device, weights, budget)
+        itemsize = torch.empty((), dtype=self.kv_dtype).element_size()
+        plan = plan_memory(cfg=self.model_config, weight_bytes=weights, device=device_mem,
+                           act_bytes=DTYPE_BYTES[str(self.dtype).removeprefix("torch.")],
+                           kv_bytes=itemsize, context_len=self.context_len,
+                           chunked_prefill_size=self.chunked_prefill_size,
+                           max_prefill_tokens=args.max_prefill_tokens, page_size=args.page_size,
+                           mem_fraction_static=args.mem_fraction_static,
+                           max_running_requests=args.max_running_requests, max_total_tokens=cap,
+                           tp_size=self.ctx.tp_size)
+        if self.ctx.is_parallel:
+            # Every rank must size its pools alike (the schedulers' identical decisions
+            # rest on it), but each probes its own free memory: rank 0's plan is used.
+            box = [plan]
+            torch.distributed.broadcast_object_list(box, src=0, group=self.ctx.cpu_group)
+            plan = box[0]
+        logger.info("%s", plan_table(plan))
+        for problem in plan.problems:
+            if not problem.fatal:
+                logger.warning("memory plan: %s", problem.text())
+        if plan.fatal:
+            raise MemoryPlanError("the memory plan cannot work: "
+                                  + " ".join(p.text() for p in plan.fatal))
+        return plan
 
     @property
     def vocab_size(self) -> int:
@@ -88,6 +167,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.device.index is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the forward thread's current device
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
         return self.model(fb)

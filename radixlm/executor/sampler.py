@@ -7,6 +7,11 @@ Order of operations (as in vLLM/SGLang):
   3. other rows: divide by temperature, softmax, cut by top_k, top_p, min_p, renormalize,
      then draw with the request's own torch.Generator, so a request's samples depend only
      on its seed and its own logits, never on its batch neighbours.
+     Deterministic mode (--enable-deterministic-inference, `Sampler(deterministic=True)`):
+     no generator state at all; the draw of the token at position p is the inverse CDF of
+     the filtered distribution at u = hash(seed, p) (`deterministic_uniform`), summed in
+     vocabulary order. It depends only on (seed, position, distribution): not on the
+     batch, on retractions, or on how many draws the request made before.
 Logprobs are those of the model's distribution (log_softmax of the raw logits).
 Per-step Python work is a loop over the batch (generator draws), never over tokens.
 """
@@ -40,9 +45,17 @@ class SamplingBatchInfo:
     repetition: torch.Tensor | None = None  # [P, 1]
     want_logprobs: list[bool] | None = None
     top_logprobs: list[int] | None = None  # alternatives each request asked for
+    # Deterministic mode: each row's seed (the request's, else the one the scheduler drew
+    # for it; None when greedy) and the position of the token being sampled.
+    seeds: list[int | None] | None = None
+    positions: list[int] | None = None
 
     @classmethod
-    def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device) -> "SamplingBatchInfo":
+    def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
+                  positions: list[int] | None = None) -> "SamplingBatchInfo":
+        """`positions`: where each request's sampled token goes (the forward batch's
+        seq_lens). Default: req.seq_len, right only when every earlier sample of the request
+        has been appended (the serial loop; the overlap loop must pass them)."""
         ps = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in ps]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, ps)]
@@ -58,6 +71,10 @@ class SamplingBatchInfo:
             need_min_p=any(not g and p.min_p > 0.0 for g, p in zip(greedy, ps)),
             want_logprobs=[p.logprobs for p in ps],
             top_logprobs=[p.top_logprobs if p.logprobs else 0 for p in ps],
+            seeds=[None if g else p.seed if p.seed is not None
+                   else r.generator.initial_seed() if r.generator is not None else 0
+                   for g, p, r in zip(greedy, ps, reqs)],
+            positions=list(positions) if positions is not None else [r.seq_len for r in reqs],
         )
         rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
         if rows:
@@ -78,6 +95,9 @@ class SampleOutput:
 
 
 class Sampler:
+    def __init__(self, deterministic: bool = False) -> None:
+        self.deterministic = deterministic
+
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(info.want_logprobs) else None
@@ -90,9 +110,17 @@ class Sampler:
         if sample_rows:
             rows = torch.tensor(sample_rows, device=logits.device)
             probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
-            probs = self._cut(probs, info, rows)
-            for j, i in enumerate(sample_rows):
-                next_ids[i] = torch.multinomial(probs[j], 1, generator=info.generators[i])[0]
+            # Deterministic: no renormalization. A [1, V] row sum is split across threads
+            # when V >= 32768 (torch reduces a single output in two passes), so it would
+            # depend on the batch; the draw scales u by the row's own cumulative total.
+            probs = self._cut(probs, info, rows, normalize=not self.deterministic)
+            if self.deterministic:
+                u = [deterministic_uniform(info.seeds[i], info.positions[i]) for i in sample_rows]
+                next_ids[rows] = inverse_cdf_draw(probs, torch.tensor(u, dtype=torch.float64,
+                                                                      device=probs.device))
+            else:
+                for j, i in enumerate(sample_rows):
+                    next_ids[i] = torch.multinomial(probs[j], 1, generator=info.generators[i])[0]
 
         return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))
 
@@ -105,7 +133,8 @@ class Sampler:
         return logits - info.presence * (info.output_counts > 0).float()
 
     @staticmethod
-    def _cut(probs: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
+    def _cut(probs: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor,
+             normalize: bool = True) -> torch.Tensor:
         if info.need_min_p:
             min_p = info.min_ps[rows].unsqueeze(1)
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
@@ -118,7 +147,7 @@ class Sampler:
             cut |= (sorted_p.cumsum(dim=-1) - sorted_p) >= info.top_ps[rows].unsqueeze(1)
             sorted_p = sorted_p.masked_fill(cut, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        return probs / probs.sum(dim=-1, keepdim=True)
+        return probs / probs.sum(dim=-1, keepdim=True) if normalize else probs
 
     @staticmethod
     def _logprobs(raw: torch.Tensor | None, next_ids: torch.Tensor,
@@ -143,3 +172,35 @@ class Sampler:
                 top = list(zip(top_ids[i][:k], top_vals[i][:k]))
             out.append(TokenLogprob(ids[i], chosen[i], top))
         return out
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mix."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def deterministic_uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) that is a pure function of (seed, position): the top 53
+    bits of a two-round 64-bit hash, so nearby seeds and positions are uncorrelated."""
+    return (_splitmix64(_splitmix64(seed & _MASK64) ^ position) >> 11) / float(1 << 53)
+
+
+def inverse_cdf_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row i: the first token whose cumulative probability (vocabulary order) exceeds
+    u[i] * total mass. probs [n, V] (>= 0, rows not all 0), u [n] in [0, 1) -> [n] int64.
+
+    A token with probability 0 is never drawn: its cumulative sum equals its
+    predecessor's, so it cannot be the first to exceed the target. The cumulative sum is a
+    sequential scan of each row, independent of the other rows."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u.unsqueeze(1) * total, right=True).squeeze(1)
+    # u * total may round up to total: then take the last token of positive probability
+    # (the first whose cumulative sum reaches the total).
+    return torch.minimum(idx, (cdf < total).sum(dim=-1))

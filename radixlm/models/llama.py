@@ -11,7 +11,7 @@ depends on how T splits into requests except the attention backend.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,10 @@ from torch import nn
 
 from radixlm.attention import RadixAttention
 from radixlm.models.model_config import ModelConfig
+from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
+from radixlm.models.parallel_layers import (ColumnParallelLinear, ParallelLMHead,
+                                            RowParallelLinear, VocabParallelEmbedding,
+                                            even_shard, parallel_logits, qkv_shards)
 from radixlm.models.rms_norm import RMSNorm
 from radixlm.models.rope import RotaryEmbedding, apply_rotary
 
@@ -27,16 +31,25 @@ if TYPE_CHECKING:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    """Under tensor parallelism a rank holds num_heads / tp Q heads and the KV heads they
+    use (`qkv_shards`); sizes below are the rank's own."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, ctx: ParallelContext) -> None:
         super().__init__()
         self.head_dim = config.head_dim
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
+        num_heads = config.num_heads // ctx.tp_size
+        k0, k1 = kv_head_range(config.num_kv_heads, ctx.tp_size, ctx.tp_rank)
+        self.q_size = num_heads * config.head_dim
+        self.kv_size = (k1 - k0) * config.head_dim
         # Rows of qkv_proj: [0, q_size) = q, then k, then v (kv_size each).
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
-        self.attn = RadixAttention(config.num_heads, config.num_kv_heads, config.head_dim,
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, qkv_shards(config.num_heads, config.num_kv_heads,
+                                           config.head_dim, ctx),
+            bias=config.attention_bias, ctx=ctx)
+        self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size,
+                                        bias=config.attention_out_bias, ctx=ctx,
+                                        what="attention head features")
+        self.attn = RadixAttention(num_heads, k1 - k0, config.head_dim,
                                    scaling=config.head_dim ** -0.5, layer_id=layer_id)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
@@ -51,12 +64,17 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); rows of gate_up_proj are [gate; up]."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
-                                      bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size,
-                                   bias=config.mlp_bias)
+        # Each rank: its intermediate/tp gate rows, then the same up rows, so chunk(2)
+        # below pairs gate and up of the same features.
+        inter = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, [even_shard(s, inter, ctx, "intermediate features")
+                                 for s in ("gate", "up")],
+            bias=config.mlp_bias, ctx=ctx)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=config.mlp_bias,
+                                           ctx=ctx, what="intermediate features")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -64,10 +82,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, ctx: ParallelContext) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_id, ctx)
+        self.mlp = LlamaMLP(config, ctx)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -79,12 +97,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, ctx)
         self.rotary_emb = RotaryEmbedding(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+            LlamaDecoderLayer(config, i, ctx) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, forward_batch: "ForwardBatch") -> torch.Tensor:
@@ -107,19 +125,18 @@ _STACKED_PARAMS = (
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.ctx = ctx
+        self.model = LlamaModel(config, ctx)
         # Tied: the logits reuse embed_tokens.weight directly, so the tie cannot be broken
         # by moving/materializing parameters (to_empty re-creates each Parameter).
         self.lm_head = (None if config.tie_word_embeddings
-                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
-        c = config
-        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-        # Shard name -> (start, end) rows (dim 0) inside the fused parameter.
-        self._shard_rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv),
-                            "gate": (0, inter), "up": (inter, 2 * inter)}
+                        else ParallelLMHead(config.vocab_size, config.hidden_size, ctx))
+        # The logits GEMM (x, weight) -> x @ weight.T; deterministic inference swaps in a
+        # batch-invariant one (models/batch_invariant.py, make_batch_invariant).
+        self.logits_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
 
     def forward(self, forward_batch: "ForwardBatch") -> torch.Tensor:
         hidden = self.model(forward_batch)
@@ -127,7 +144,9 @@ class LlamaForCausalLM(nn.Module):
         # (and projects) the tokens whose logits are needed.
         hidden = self.model.norm(hidden[forward_batch.logits_indices])
         weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        return F.linear(hidden, weight).float()
+        # Under TP each rank projects onto its vocabulary rows; all ranks get all logits.
+        return parallel_logits(hidden, weight, self.config.vocab_size, self.ctx,
+                               self.logits_linear).float()
 
     def init_non_persistent_buffers(self) -> None:
         self.model.rotary_emb.reset_cache()
@@ -135,6 +154,7 @@ class LlamaForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
         # Every (parameter, shard) that must be written; shard None = the whole tensor.
         expected = set()
         for name in params:
@@ -155,14 +175,20 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of "
                                  f"{type(self).__name__}")
-            dst = params[name].data
-            if shard is not None:
-                start, end = self._shard_rows[shard]
-                dst = dst[start:end]
-            if dst.shape != tensor.shape:
-                raise ValueError(f"shape mismatch for {hf_name!r}: checkpoint "
-                                 f"{tuple(tensor.shape)}, model {tuple(dst.shape)}")
-            dst.copy_(tensor)
+            module_name, _, param_name = name.rpartition(".")
+            module = modules[module_name]
+            if hasattr(module, "load"):
+                # Parallel layers copy their rank's slice (and place fused shards).
+                try:
+                    module.load(param_name, tensor, shard)
+                except ValueError as e:
+                    raise ValueError(f"{hf_name!r}: {e}") from None
+            else:  # replicated (norms): the whole tensor
+                dst = params[name].data
+                if dst.shape != tensor.shape:
+                    raise ValueError(f"shape mismatch for {hf_name!r}: checkpoint "
+                                     f"{tuple(tensor.shape)}, model {tuple(dst.shape)}")
+                dst.copy_(tensor)
             loaded.add((name, shard))
         missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
         if missing:

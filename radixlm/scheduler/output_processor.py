@@ -41,14 +41,13 @@ class OutputProcessor:
         that are still running (finished requests are emitted when they are freed)."""
         outs = []
         for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.logprobs):
-            if req.finished:  # aborted while its step ran: its token is discarded
+            if req.finished:  # aborted while its step ran, or (overlap) finished by the
+                # previous step's token: this one is discarded and never reaches a client
                 continue
             req.output_ids.append(tok)
             if lp is not None:
                 req.pending_logprobs.append(lp)
-            if req.output_counts is not None:
-                req.output_counts[tok] += 1
-                req.seen_mask[tok] = True
+            # (Penalty counts were updated on the forward worker when the token was sampled.)
             self.check_finished(req, tok)
             if req.stream and not req.finished:
                 outs.append(self.make_output(req))

@@ -14,15 +14,16 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import (BatchTokenIDOut, FlushCacheReq, PoolStatsReq, SchedulerFailed,
-                              SchedulerReady)
+from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.process_utils import die_with_parent, setup_logging
+from radixlm.scheduler.tp_ranks import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
 
 
-def build_scheduler(args: ServerArgs):
-    """Model runner + tokenizer + Scheduler, as the offline Engine builds them too."""
+def build_scheduler(args: ServerArgs, ctx=None):
+    """Model runner + tokenizer + Scheduler, as the offline Engine builds them too.
+    `ctx`: the tensor-parallel rank (a ParallelContext; None: single process)."""
     from radixlm.executor.model_runner import ModelRunner
     from radixlm.models import resolve_model_path
     from radixlm.scheduler.scheduler import Scheduler
@@ -30,7 +31,7 @@ def build_scheduler(args: ServerArgs):
 
     model_path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_path, args.tokenizer)
-    runner = ModelRunner(args, model_path)
+    runner = ModelRunner(args, model_path) if ctx is None else ModelRunner(args, model_path, ctx)
     eos = list(runner.model_config.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)
@@ -41,7 +42,8 @@ def build_scheduler(args: ServerArgs):
                       init_new_token_ratio=args.init_new_token_ratio,
                       min_new_token_ratio=args.min_new_token_ratio,
                       new_token_ratio_decay=args.new_token_ratio_decay,
-                      enable_mixed_chunk=args.enable_mixed_chunk)
+                      enable_mixed_chunk=args.enable_mixed_chunk,
+                      overlap=not args.disable_overlap_schedule)
     return sched, tokenizer
 
 
@@ -51,7 +53,13 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     ctx = zmq.Context()
     control = make_socket(ctx, zmq.PUSH, endpoints.control, bind=False)
     try:
-        sched, _ = build_scheduler(args)
+        # Tensor parallelism: this process is rank 0 (scheduler/tp_ranks.py).
+        tp = None
+        if args.tp_size > 1:
+            from radixlm.executor.distributed import init_tensor_parallel
+            from radixlm.executor.model_runner import resolve_device
+            tp = init_tensor_parallel(args, 0, resolve_device(args.device))
+        sched, _ = build_scheduler(args, tp)
     except Exception as e:  # report why we cannot serve, then exit
         logger.error("scheduler failed to start: %s", e)
         control.send(dumps(SchedulerFailed(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
@@ -61,26 +69,19 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     runner = sched.runner
     control.send(dumps(SchedulerReady(max_total_tokens=runner.max_total_tokens,
                                       max_running_requests=runner.max_running_requests,
-                                      context_len=sched.context_len, vocab_size=runner.vocab_size)))
+                                      context_len=sched.context_len, vocab_size=runner.vocab_size,
+                                      memory_plan=runner.plan)))
     parent = os.getppid()
-    while True:
-        if not sched.has_work():
-            if not recv.poll(timeout=1000):
-                if os.getppid() != parent:
-                    return
-                continue
+
+    def collect(has_work: bool) -> StepInputs:
+        if not has_work and not recv.poll(timeout=1000):
+            return StepInputs(stop=os.getppid() != parent)
+        msgs = []
         while True:
             try:
-                msg = loads(recv.recv(zmq.NOBLOCK))
+                msgs.append(loads(recv.recv(zmq.NOBLOCK)))
             except zmq.Again:
-                break
-            # Control requests are answered at once, between steps.
-            if isinstance(msg, PoolStatsReq):
-                send.send(dumps(sched.pool_stats(msg.rid)))
-            elif isinstance(msg, FlushCacheReq):
-                send.send(dumps(sched.flush_cache(msg.rid)))
-            else:
-                sched.handle(msg)
-        outs = sched.step()
-        if outs:
-            send.send(dumps(BatchTokenIDOut(outs)))
+                return StepInputs(msgs)
+
+    # The one loop (with --tp-size N it also drives the other ranks: tp_ranks.py).
+    run_loop(sched, runner.ctx, collect, lambda msg: send.send(dumps(msg)))

@@ -7,6 +7,12 @@ Lengths (all in tokens):
     extend    = fill_ids[kv_len:]        what the next EXTEND must compute
 After a decode step kv_len == len(fill_ids) - 1: the newest sampled token is the input of
 the next decode and has no K/V yet.
+
+Overlap scheduling lag: `kv_len` advances when a batch is launched (its positions are known
+then), `output_ids` when its sampled tokens are processed, one step later. In between,
+`pending_samples` counts the tokens sampled (or being sampled) but not yet appended, so
+kv_len == len(fill_ids) + pending_samples - 1 for a running request, and the input of its
+next decode is the relay entry of its row, not output_ids[-1] (see ScheduleBatch).
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ class Req:
     # Tokens the current EXTEND computes: fill_ids[kv_len : kv_len + extend_input_len].
     # Less than extend_len while a chunked prefill is in progress.
     extend_input_len: int = 0
+    # Launched batches containing this request whose results are not yet processed, and
+    # how many of those sample a token for it. Its row and slots are released only when
+    # `inflight` is 0: a launched forward may still read them.
+    inflight: int = 0
+    pending_samples: int = 0
 
     @property
     def fill_ids(self) -> list[int]:

@@ -3,7 +3,7 @@
 `prepare_for_extend` / `prepare_for_decode` allocate the KV slots this step writes,
 record them in req_to_token, and build the device tensors. They mutate the pools and
 each Req's `req_pool_idx`; they do not advance `kv_len` (that happens once the forward
-has run, in `commit_kv`).
+is launched, in `commit_kv`).
 
 Slots come from the `KVSlotAllocator` in pages (`--page-size`, 1 by default): position i
 of a request lives at offset i % page_size of its (i // page_size)-th page, so a step takes
@@ -78,7 +78,8 @@ class ScheduleBatch:
         reqs = self.reqs
         riders = self.decode_reqs
         assert all(r.req_pool_idx is not None for r in reqs), "admission allocates rows"
-        assert all(r.kv_len == r.seq_len - 1 for r in riders), "a mixed decode computes 1 token"
+        assert all(r.kv_len == r.seq_len + r.pending_samples - 1 for r in riders), \
+            "a mixed decode computes 1 token"
         extend_lens = [r.extend_input_len for r in self.extend_reqs] + [1] * len(riders)
         prefix_lens = [r.kv_len for r in reqs]
         dev = self.device
@@ -103,7 +104,8 @@ class ScheduleBatch:
             # A chunk (n < extend_len) computes fill_ids[kv_len : kv_len + n]; the rest of
             # the prompt waits for later steps.
             input_ids.extend(r.fill_ids[r.kv_len:r.kv_len + n])
-        input_ids.extend(r.output_ids[-1] for r in riders)  # == fill_ids[kv_len]
+        rider_ids, future_idx, future_rows = _newest_tokens(riders, offset=len(input_ids))
+        input_ids.extend(rider_ids)  # == fill_ids[kv_len], or a relay placeholder
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
         self.forward_batch = ForwardBatch(
             forward_mode=self.forward_mode,
@@ -120,6 +122,7 @@ class ScheduleBatch:
             extend_seq_lens_cpu=extend_lens,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
+            **_future_fields(future_idx, future_rows, dev),
         )
         return self.forward_batch
 
@@ -139,10 +142,11 @@ class ScheduleBatch:
                                f"KV slots, {self.allocator.available_size()} free")
         self.req_to_token_pool.req_to_token[rows, positions] = slots.to(dev, torch.int32)
         seq_lens_cpu = [r.kv_len + 1 for r in reqs]
+        input_ids, future_idx, future_rows = _newest_tokens(reqs)
         self.forward_batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=len(reqs),
-            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=dev),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
             positions=positions,
             req_pool_indices=rows,
             seq_lens=positions + 1,
@@ -151,10 +155,38 @@ class ScheduleBatch:
             seq_lens_cpu=seq_lens_cpu,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
+            **_future_fields(future_idx, future_rows, dev),
         )
         return self.forward_batch
 
     def commit_kv(self) -> None:
-        """After the forward: every computed position now has its K/V in the pool."""
+        """Once the forward is launched: every position it computes counts as having its
+        K/V in the pool (a later forward that reads them runs after this one)."""
         for r, seq_len in zip(self.reqs, self.forward_batch.seq_lens_cpu):
             r.kv_len = seq_len
+
+
+def _newest_tokens(reqs: list[Req], offset: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """The decode input of each request: its newest token. When that token is still being
+    sampled by a launched batch (`pending_samples` > 0, overlap scheduling), a placeholder
+    0 goes in its place and (offset + i, row) is recorded, so the forward worker reads it
+    from the token relay; the relay then holds the newest sample of that row, since
+    batches run in launch order."""
+    ids: list[int] = []
+    future_idx: list[int] = []
+    future_rows: list[int] = []
+    for i, r in enumerate(reqs):
+        if r.pending_samples:
+            ids.append(0)
+            future_idx.append(offset + i)
+            future_rows.append(r.req_pool_idx)
+        else:
+            ids.append(r.output_ids[-1])
+    return ids, future_idx, future_rows
+
+
+def _future_fields(idx: list[int], rows: list[int], dev: torch.device) -> dict:
+    if not idx:
+        return {}
+    return {"future_token_idx": torch.tensor(idx, dtype=torch.int64, device=dev),
+            "future_token_rows": torch.tensor(rows, dtype=torch.int64, device=dev)}

@@ -1,8 +1,32 @@
 """Scheduler: continuous batching over one ModelRunner.
 
 One `step()` = pick the next batch (admit waiting requests as an EXTEND batch if the
-PrefillAdder allows, else DECODE every running request), run it, process its results.
-Requests join and leave between steps.
+PrefillAdder allows, else DECODE every running request), launch it on the forward worker,
+and process the results of a batch. Requests join and leave between steps.
+
+Overlap (zero-overhead) scheduling, the default: a step launches batch N+1 and then
+processes batch N while N+1 runs on the forward thread (`executor/forward_worker.py`), so
+the device never waits for the scheduler's CPU work. `--disable-overlap-schedule` runs the
+serial loop: a step processes the batch it just launched. Both loops are this one `step()`
+over the same helpers (`_next_batch`, `_launch`, `_process`); only which batch is
+processed differs.
+
+Lag (overlap): batch N+1 is built before batch N's tokens are known.
+  * Everything that does not depend on the sampled tokens happens at launch (`_launch`):
+    kv_len advances, the extends' prompt KV goes into the radix cache, finished prompts
+    join `running`, chunks go back to the queue. The tokens are processed one step later
+    (`_process`): appended, stop checks, streaming.
+  * A decode input whose token is still being sampled is a placeholder resolved on the
+    forward thread from the token relay (`Req.pending_samples`, `ScheduleBatch`).
+  * A request that finishes in batch N is still in batch N+1: the extra token is dropped
+    (`OutputProcessor` skips finished requests), never sent. It is answered when found
+    finished, but its row and KV slots are released only when no launched batch contains
+    it any more (`Req.inflight`, `finishing`): nothing rewrites a row a forward may read.
+  * Freed KV slots may be handed to the next batch at once: it runs after the batch that
+    last read them (the worker runs batches in launch order).
+  * Out of KV slots for a decode: the launched batch is finished first (its finished
+    requests give slots back); retraction then happens with nothing in flight, exactly as
+    in the serial loop. So outputs, seeded samples included, are identical in both loops.
 
 Admission round: when requests wait and a req_to_token row is free, the SchedulePolicy
 (`policy.py`, `--schedule-policy fcfs|lpm`) reorders the waiting queue; then candidates are
@@ -57,17 +81,21 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
 from radixlm.executor.forward_batch import ForwardMode
+from radixlm.executor.forward_worker import ForwardTask, ForwardWorker
 from radixlm.executor.model_runner import ModelRunner
-from radixlm.executor.sampler import SamplingBatchInfo
 from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
+from radixlm.scheduler.oom_recovery import launch_allowed
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
@@ -84,6 +112,14 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 ADMITTED, DEFERRED, REFUSED = "admitted", "deferred", "refused"
 
 
+@dataclass
+class LaunchedBatch:
+    """A batch handed to the forward worker whose results are not processed yet."""
+    batch: ScheduleBatch
+    sampling_reqs: list[Req]  # the requests that sample a token in it, in logits order
+    future: Future
+
+
 class Scheduler:
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: list[int],
                  max_prefill_tokens: int, random_seed: int = 0,
@@ -91,7 +127,7 @@ class Scheduler:
                  schedule_policy: str = "fcfs", init_new_token_ratio: float = 0.7,
                  min_new_token_ratio: float = 0.1,
                  new_token_ratio_decay: float | None = None,
-                 enable_mixed_chunk: bool = False) -> None:
+                 enable_mixed_chunk: bool = False, overlap: bool = True) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -121,6 +157,13 @@ class Scheduler:
         self.outbox: list[ReqTokenOut] = []
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
                                                 runner.device)
+        # Overlap: batch N+1 is launched before batch N's results are processed.
+        self.overlap = overlap
+        self.worker = ForwardWorker(runner, inline=not overlap)
+        self.inflight: LaunchedBatch | None = None  # overlap: launched, not yet processed
+        # Finished (or aborted) requests already answered whose row and slots wait for
+        # the launched batch that still contains them (`Req.inflight`) to complete.
+        self.finishing: list[Req] = []
         self.num_retractions = 0
         # Prompt tokens of requests at their first admission, and how many of them were
         # served from the radix cache (the cache hit rate in PoolStats).
@@ -161,9 +204,10 @@ class Scheduler:
         for req in self.waiting:
             if req.rid == msg.rid:
                 self.waiting.remove(req)
-                self.tree_cache.cache_finished_req(req)  # a chunked prefill holds KV
                 req.finish("abort")
                 self.outbox.append(self.output_processor.make_output(req))
+                self.finishing.append(req)  # a chunked prefill holds KV: released below
+                self._release_done()
                 return
         for req in self.running:
             if req.rid == msg.rid:
@@ -182,39 +226,70 @@ class Scheduler:
     # --- the step ------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.inflight or self.finishing)
 
     def step(self) -> list[ReqTokenOut]:
-        """Run one batch if there is one; return the outputs to send."""
-        self._free_finished()
+        """Build and launch the next batch, process the results of the previous one (overlap)
+        or of this one (serial); return the outputs to send."""
+        t0, blocked0 = time.perf_counter(), self.worker.blocked_s
+        self._retire_finished()
         batch = self._next_batch()
-        if batch is not None:
-            self._run(batch)
+        if batch is not None and not launch_allowed(self, batch):
+            batch = None  # over the activation budget: undone, retried smaller or failed
+        launched = self._launch(batch) if batch is not None else None
+        if self.overlap:
+            # Batch N+1 is on the forward thread: process batch N meanwhile.
+            done, self.inflight = self.inflight, launched
+        else:
+            done = launched
+        if done is not None:
+            self._process(done)
+        self._retire_finished()
         if not self.has_work():
             self.new_token_ratio = self.init_new_token_ratio  # a fresh start, as in SGLang
+            self.worker.timer.mark_idle()
             try:
                 self.check_invariant()
             except PoolInvariantError as e:  # a bug: report it, keep serving
                 logger.error("pool invariant violated while idle: %s", e)
+        # Scheduling CPU time of this step: everything but running / waiting for forwards.
+        self.worker.timer.schedule_s += (time.perf_counter() - t0
+                                         - (self.worker.blocked_s - blocked0))
         out, self.outbox = self.outbox, []
         return out
 
-    def _free_finished(self) -> None:
-        """Free finished (or aborted) running requests and emit their last output."""
-        keep = []
-        for req in self.running:
-            if req.finished:
-                self.tree_cache.cache_finished_req(req)
-                self.outbox.append(self.output_processor.make_output(req))
-            else:
-                keep.append(req)
-        self.running = keep
+    def _retire_finished(self) -> None:
+        """Running requests found finished (or aborted) leave `running` and get their last
+        output now; their KV goes back once no launched batch still contains them."""
+        if any(r.finished for r in self.running):
+            keep = []
+            for req in self.running:
+                if req.finished:
+                    self.outbox.append(self.output_processor.make_output(req))
+                    self.finishing.append(req)
+                else:
+                    keep.append(req)
+            self.running = keep
+        self._release_done()
+
+    def _release_done(self) -> None:
+        """Hand the KV of finished requests that no launched batch reads any more to the
+        cache (their row too)."""
+        if self.finishing:
+            still = []
+            for req in self.finishing:
+                if req.inflight:
+                    still.append(req)
+                else:
+                    self.tree_cache.cache_finished_req(req)
+            self.finishing = still
 
     def _next_batch(self) -> ScheduleBatch | None:
+        """The next batch, its KV slots allocated and its ForwardBatch built; None if idle."""
         runner = self.runner
         if self.last_step_was_chunk and self.running and not self.enable_mixed_chunk:
             self.last_step_was_chunk = False  # let running decodes through between chunks
-            return self._batch(list(self.running), ForwardMode.DECODE)
+            return self._decode_batch()
         chunk = self.chunked_prefill_size
         mixed = self.enable_mixed_chunk and bool(self.running)
         # Evictable cache slots count as free: allocation evicts them on demand.
@@ -239,14 +314,17 @@ class Scheduler:
             if outcome == DEFERRED:
                 deferred.append(req)
         self.waiting.extendleft(reversed(deferred))  # back in front, in their order
-        if adder.admitted and mixed:
-            # The running requests decode inside this extend batch, after the prefills.
-            return self._batch([*adder.admitted, *self.running], ForwardMode.MIXED,
-                               num_mixed_decodes=len(self.running))
         if adder.admitted:
-            return self._batch(adder.admitted, ForwardMode.EXTEND)
+            if mixed:
+                # The running requests decode inside this extend batch, after the prefills.
+                batch = self._batch([*adder.admitted, *self.running], ForwardMode.MIXED,
+                                    num_mixed_decodes=len(self.running))
+            else:
+                batch = self._batch(adder.admitted, ForwardMode.EXTEND)
+            batch.prepare_for_extend()  # the adder's KV budget guarantees the slots
+            return batch
         if self.running:
-            return self._batch(list(self.running), ForwardMode.DECODE)
+            return self._decode_batch()
         return None
 
     def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing) -> str:
@@ -295,96 +373,144 @@ class Scheduler:
         return ScheduleBatch(reqs, mode, r.req_to_token_pool, r.token_to_kv_pool, r.allocator,
                              r.device, self.tree_cache, num_mixed_decodes=num_mixed_decodes)
 
-    def _run(self, batch: ScheduleBatch) -> None:
-        """Run `batch` and process its results. Mutates: the pools (allocation, caching),
-        `running` / `waiting` (finished prefills join running, unfinished chunks go back to
-        the head of the queue, retracted requests too), the requests' outputs, the outbox."""
-        if batch.forward_mode.is_extend():  # EXTEND, or MIXED (prefills + running decodes)
-            fb = batch.prepare_for_extend()
-        else:
-            retractions = self.num_retractions
-            fb = self._prepare_decode_with_retraction(batch)
-            if self.num_retractions == retractions:  # went well: admit a little more boldly
-                self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay,
-                                           self.min_new_token_ratio)
-            if fb is None:
-                return
-        logits = self.runner.forward(fb)
+    def _decode_batch(self) -> ScheduleBatch | None:
+        """Decode every running request. When KV slots run out: first finish the launched
+        batch (overlap), whose finished requests may give slots back; then release a
+        chunked prefill waiting between chunks; then retract requests (fewest generated
+        tokens first) back to the head of the queue, their KV handed to the cache, until
+        the rest fit. Retraction thus only ever happens with nothing in flight, exactly
+        as in the serial loop. None when every running request was found finished."""
+        retractions = self.num_retractions
+        while True:
+            batch = self._batch(list(self.running), ForwardMode.DECODE)
+            if not batch.reqs:
+                return None
+            try:
+                batch.prepare_for_decode()
+                break
+            except OutOfKVSlots:
+                if self.inflight is not None:
+                    self.finish_inflight()
+                    continue
+                self._retract_one(batch)
+        if self.num_retractions == retractions:  # went well: admit a little more boldly
+            self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay,
+                                       self.min_new_token_ratio)
+        return batch
+
+    def _retract_one(self, batch: ScheduleBatch) -> None:
+        """Free KV for a decode that does not fit (nothing is in flight here)."""
+        # Out of slots: the ratio was too optimistic. Back to the initial value (a simpler
+        # rule than SGLang's estimate from the retracted batch).
+        self.new_token_ratio = self.init_new_token_ratio
+        partial = next((r for r in self.waiting if r.req_pool_idx is not None), None)
+        if partial is not None:
+            self.tree_cache.cache_finished_req(partial)  # restarts from a cache hit
+            partial.retractions += 1
+            self.num_retractions += 1
+            return
+        if len(batch.reqs) <= 1:
+            # Cannot happen: add_request rejects requests larger than the pool.
+            raise OutOfKVSlots("a lone request does not fit the KV pool")
+        victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+        self.running.remove(victim)
+        # Its KV goes to the cache, so re-admission is a cheap prefix hit.
+        self.tree_cache.cache_finished_req(victim)
+        victim.retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(victim)
+        logger.info("retracted %s (%d output tokens) to free KV slots", victim.rid,
+                    len(victim.output_ids))
+
+    def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
+        """Hand `batch` to the forward worker and do at once every bookkeeping step that
+        does not depend on its sampled tokens. Mutates: kv_len (`commit_kv`), the radix
+        cache (the extends' prompt KV), `running` / `waiting` (finished prefills join
+        running, unfinished chunks go back to the head of the queue)."""
         batch.commit_kv()
-        reqs = batch.reqs
-        if batch.forward_mode.is_extend():
+        if batch.forward_mode.is_extend():  # EXTEND, or MIXED (prefills + running decodes)
             extends = batch.extend_reqs
-            # Every computed prompt KV goes into the cache now, not when the request
-            # finishes: later requests (e.g. deferred by in-batch sharing) reuse it at once.
+            # Every prompt KV this batch computes goes into the cache now, not when the
+            # request finishes: later requests (e.g. deferred by in-batch sharing) reuse it
+            # at once. It is done before the forward starts: duplicates found here are
+            # positions only this batch computes, so no running forward sees its row change.
             for r in extends:
                 self.tree_cache.cache_unfinished_req(r)
             chunked = [r for r in extends if r.kv_len < r.seq_len]
             for r in reversed(chunked):  # mid-prompt: wait at the head for the next chunk
                 self.waiting.appendleft(r)
             self.last_step_was_chunk = bool(chunked)
-            # Requests that sample a token: finished prompts, and (MIXED) the running
-            # decodes after them, which are already in `running`.
-            done_prefills = [r for r in extends if r.kv_len == r.seq_len]
-            if chunked:
-                keep = [i for i, r in enumerate(reqs) if r.kv_len == r.seq_len]
-                reqs = [reqs[i] for i in keep]
-                logits = logits[torch.tensor(keep, dtype=torch.int64, device=logits.device)]
-            self.running.extend(done_prefills)
-        if reqs:
-            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
-            sampled = self.runner.sample(logits, info)
-            self.outbox.extend(self.output_processor.process(reqs, sampled))
-        self._free_finished()
+            self.running.extend(r for r in extends if r.kv_len == r.seq_len)
+        # Who samples: every request whose K/V now covers all its tokens (a finished prompt,
+        # a decode, a mixed decode); kv_len counts the tokens still being sampled too.
+        keep = [i for i, r in enumerate(batch.reqs) if r.kv_len == r.seq_len + r.pending_samples]
+        sampling = [batch.reqs[i] for i in keep]
+        for r in batch.reqs:
+            r.inflight += 1
+        for r in sampling:
+            r.pending_samples += 1
+        dev = self.runner.device
+        task = ForwardTask(
+            forward_batch=batch.forward_batch, sampling_reqs=sampling,
+            keep=None if len(keep) == len(batch.reqs)
+            else torch.tensor(keep, dtype=torch.int64, device=dev),
+            rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64, device=dev))
+        return LaunchedBatch(batch, sampling, self.worker.launch(task))
 
-    def _prepare_decode_with_retraction(self, batch: ScheduleBatch):
-        """Decode; when KV slots run out, first release a chunked prefill waiting between
-        chunks, then retract requests (fewest generated tokens first) back to the head of
-        the queue, their KV handed to the cache, until the rest fit."""
-        while True:
-            try:
-                return batch.prepare_for_decode()
-            except OutOfKVSlots:
-                # Out of slots: the ratio was too optimistic. Back to the initial value (a
-                # simpler rule than SGLang's estimate from the retracted batch).
-                self.new_token_ratio = self.init_new_token_ratio
-                partial = next((r for r in self.waiting if r.req_pool_idx is not None), None)
-                if partial is not None:
-                    self.tree_cache.cache_finished_req(partial)  # restarts from a cache hit
-                    partial.retractions += 1
-                    self.num_retractions += 1
-                    continue
-                if len(batch.reqs) <= 1:
-                    raise  # cannot happen: add_request rejects requests larger than the pool
-                victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
-                batch.reqs.remove(victim)
-                self.running.remove(victim)
-                # Its KV goes to the cache, so re-admission is a cheap prefix hit.
-                self.tree_cache.cache_finished_req(victim)
-                victim.retractions += 1
-                self.num_retractions += 1
-                self.waiting.appendleft(victim)
-                logger.info("retracted %s (%d output tokens) to free KV slots", victim.rid,
-                            len(victim.output_ids))
+    def _process(self, done: LaunchedBatch) -> None:
+        """Wait for a launched batch and process its sampled tokens (append, stop checks,
+        streaming)."""
+        sampled = self.worker.wait(done.future)
+        for r in done.batch.reqs:
+            r.inflight -= 1
+        for r in done.sampling_reqs:
+            r.pending_samples -= 1
+        if sampled is not None:
+            self.outbox.extend(self.output_processor.process(done.sampling_reqs, sampled))
+
+    def finish_inflight(self) -> None:
+        """Wait for the launched batch (overlap), process its results and release what
+        its finished requests hold; their outputs stay in the outbox for this step."""
+        if self.inflight is not None:
+            done, self.inflight = self.inflight, None
+            self._process(done)
+            self._retire_finished()
+
+    def _settle(self) -> None:
+        """If only a launched batch of answered requests is left, finish it."""
+        if self.only_settling():
+            self.finish_inflight()
+
+    def only_settling(self) -> bool:
+        """Nothing runs or waits, but a launched batch (overlap: holding only requests
+        already answered) is still to be processed; one more step() settles it."""
+        return not self.running and not self.waiting and self.inflight is not None
+
+    def shutdown(self) -> None:
+        """Stop the forward thread (overlap); the scheduler is unusable afterwards."""
+        self.worker.shutdown()
 
     # --- invariant -------------------------------------------------------------------
 
     def held_by_requests(self) -> int:
         """KV slots owned by requests (a partly filled last page counts whole)."""
         return sum(RadixCache.held_by_request(r, self.page_size)
-                   for r in [*self.running, *self.waiting])
+                   for r in [*self.running, *self.waiting, *self.finishing])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
         check_pool_invariant(self.runner.allocator, self.held_by_requests(),
                              self.tree_cache.total_size())
         rows_used = self.runner.req_to_token_pool.size - self.runner.req_to_token_pool.available_size()
-        held_rows = sum(r.req_pool_idx is not None for r in [*self.running, *self.waiting])
+        held_rows = sum(r.req_pool_idx is not None
+                        for r in [*self.running, *self.waiting, *self.finishing])
         if rows_used != held_rows:
             raise PoolInvariantError(f"req_to_token rows leak: {rows_used} used, {held_rows} held")
 
     def flush_cache(self, rid: str = "") -> FlushCacheResult:
         """Empty the radix cache (all its slots back to the allocator). Refused while any
         request is running or waiting, since they hold (locked) cache nodes."""
+        self._settle()
         if self.has_work():
             return FlushCacheResult(rid, False, (
                 f"cannot flush the cache while {len(self.running)} requests are running and "
@@ -401,6 +527,7 @@ class Scheduler:
         return self.cached_tokens_total / self.prompt_tokens_total
 
     def pool_stats(self, rid: str) -> PoolStats:
+        self._settle()  # idle means idle: no answered request still holding slots
         try:
             self.check_invariant()
             error = None
@@ -416,4 +543,5 @@ class Scheduler:
                          invariant_error=error, page_size=self.page_size,
                          prompt_tokens_total=self.prompt_tokens_total,
                          cached_tokens_total=self.cached_tokens_total,
-                         cache_hit_rate=self.cache_hit_rate)
+                         cache_hit_rate=self.cache_hit_rate,
+                         step_timing=self.worker.timer.as_dict(), overlap=self.overlap)

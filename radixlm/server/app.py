@@ -32,8 +32,10 @@ from radixlm.server.completions import create_completion
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
                                    validation_message)
 from radixlm.server.http_util import ClientDisconnected
+from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.server.server_info import get_server_info_body
 from radixlm.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -126,6 +128,28 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         return JSONResponse({"model": model_name, "context_len": tm.context_len,
                              "enable_mixed_chunk": args.enable_mixed_chunk,
                              "pool": dataclasses.asdict(stats)})
+
+    @api.get("/get_server_info")
+    async def get_server_info() -> JSONResponse:
+        """Server args, the memory plan (three pools) and the live pool state."""
+        stats = await tm.pool_stats()
+        return JSONResponse(get_server_info_body(args, model_name, tm.context_len,
+                                                 tm.max_running_requests, tm.memory_plan, stats))
+
+    metrics = EngineMetrics(model_name)
+
+    @api.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Prometheus text format (radixlm/server/metrics.py); pool gauges are left out
+        and radixlm_scheduler_up is 0 when the scheduler does not answer in 5 s."""
+        try:
+            stats = await tm.pool_stats(timeout=5.0)
+        except TimeoutError:
+            stats = None
+        snap = Snapshot(tm.memory_plan, stats, tm.requests_finished_total,
+                        tm.prompt_tokens_total, tm.generation_tokens_total,
+                        tm.max_running_requests)
+        return Response(metrics.render(snap), media_type=CONTENT_TYPE_LATEST)
 
     @api.post("/flush_cache")
     async def flush_cache() -> Response:

@@ -38,10 +38,16 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
     ctx = mp.get_context("spawn")
     zctx = zmq.Context.instance()
     control = make_socket(zctx, zmq.PULL, endpoints.control, bind=True)
+    if args.tp_size > 1:  # every rank must get the same rendezvous address
+        from radixlm.executor.distributed import resolve_dist_init_addr
+        args = resolve_dist_init_addr(args)
     procs = [ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="scheduler", daemon=True),
              ctx.Process(target=run_detokenizer_process, args=(args, endpoints), name="detokenizer", daemon=True)]
     for p in procs:
         p.start()
+    if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks
+        from radixlm.scheduler.tp_ranks import spawn_follower_ranks
+        procs += spawn_follower_ranks(args, 1)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -92,6 +98,9 @@ def launch_server(args: ServerArgs) -> None:
     from radixlm.server.tokenizer_manager import TokenizerManager
     from radixlm.tokenizer.loader import load_tokenizer
 
+    if args.node_rank > 0:  # another host of a multi-node TP model: scheduler ranks only
+        from radixlm.scheduler.tp_ranks import run_follower_node
+        return run_follower_node(args)
     model_path = resolve_model_path(args.model)
     endpoints = IpcEndpoints.create()
     t0 = time.perf_counter()
@@ -103,6 +112,8 @@ def launch_server(args: ServerArgs) -> None:
                     time.perf_counter() - t0, ready.context_len, ready.max_total_tokens,
                     ready.max_running_requests)
         tm = TokenizerManager(args, tokenizer, endpoints, ready.context_len, ready.vocab_size)
+        tm.memory_plan = ready.memory_plan
+        tm.max_running_requests = ready.max_running_requests
         name = args.served_model_name or os.path.basename(model_path.rstrip("/"))
         app = create_app(tm, args, name)
 

@@ -8,6 +8,7 @@ ZMQ path without a model. Nothing here is used by the server itself.
 Output rule: token `s` of a request is `gen_ids[(base + s) % len(gen_ids)]` with
 `base = (seed or 0) + len(input_ids)`, so equal seeds give equal text and `seed + 1`
 differs. A prompt containing `error_token_id` gets a `ReqStrOut` with `error` set.
+A `PoolStatsReq` is answered with a fake pool of 1024 KV slots, 4 held per running request.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any
 import zmq
 
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import (AbortReq, BatchStrOut, ReqStrOut, TokenizedGenerateReq,
-                              TokenLogprob)
+from radixlm.messages import (AbortReq, BatchStrOut, PoolStats, PoolStatsReq, ReqStrOut,
+                              TokenizedGenerateReq, TokenLogprob)
 
 TINY_WORDS = ["hello", "world", "the", "a", "cat", "dog", "sat", "on", "mat", "and", "ran",
               "big", "small", "red", "blue", "green", "one", "two", "three", "four", "yes",
@@ -114,6 +115,13 @@ class FakeEngine:
             ctx.term()
 
     def _on_message(self, msg: Any, push: zmq.Socket) -> None:
+        if isinstance(msg, PoolStatsReq):  # a pool of 1024 slots, 4 per running request
+            held = 4 * len(self._running)
+            push.send(dumps(PoolStats(msg.rid, total_kv_slots=1024, free_kv_slots=1024 - held,
+                                      held_by_requests=held, held_by_cache=0,
+                                      running=len(self._running), waiting=0,
+                                      free_req_rows=64 - len(self._running))))
+            return
         if isinstance(msg, AbortReq):
             self.aborted.append(msg.rid)
             self._running.pop(msg.rid, None)

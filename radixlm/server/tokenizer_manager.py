@@ -49,10 +49,19 @@ class TokenizerManager:
         self.endpoints = endpoints
         # A request can never hold more tokens than the KV pool has slots, so the
         # per-request limit is the smaller of the model's context and the pool.
-        self.context_len = min(context_len, args.max_total_tokens)
+        self.context_len = min(context_len, args.max_total_tokens or context_len)
         self.vocab_size = vocab_size
         # The launcher flips this to False when a child process dies; /health then 503s.
         self.healthy = True
+        # Set by the launcher from SchedulerReady: the scheduler's MemoryPlan and its
+        # --max-running-requests (derived by the plan when not given); shown by
+        # /get_server_info and /metrics.
+        self.memory_plan: Any = None
+        self.max_running_requests: int | None = args.max_running_requests
+        # Totals over finished requests (Prometheus counters, radixlm/server/metrics.py).
+        self.requests_finished_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
         # Control requests waiting for their reply (PoolStats, FlushCacheResult), by rid.
         self._control_waiters: dict[str, asyncio.Future[Any]] = {}
@@ -215,6 +224,10 @@ class TokenizerManager:
             while not finished:
                 out = await queue.get()
                 finished = out.finish_reason is not None
+                if finished:
+                    self.requests_finished_total += 1
+                    self.prompt_tokens_total += out.prompt_tokens
+                    self.generation_tokens_total += out.completion_tokens
                 if out.error is not None:
                     finished = True  # the engine dropped the request itself
                     raise GenerateError(out.error)

@@ -36,7 +36,9 @@ def test_chunked_outputs_equal_unchunked(tiny_llama_dir, reference, chunk):
 
 
 def test_decodes_keep_flowing_between_chunks(tiny_llama_dir):
-    eng = Engine(model=tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=8)
+    # Step by step: serial loop, so each step's token is visible when step() returns.
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=8,
+                 disable_overlap_schedule=True)
     short = eng.submit([5, 6, 7], greedy(max_new=40), stream=True)
     eng.step()
     assert len(eng.result(short)["output_ids"]) == 1

@@ -74,8 +74,9 @@ def test_seeded_sampling_identical_with_mixed_chunk(tiny_llama_dir):
 
 
 def test_decodes_ride_along_every_chunk(tiny_llama_dir):
+    # Step by step: serial loop, so each step's token is visible when step() returns.
     eng = Engine(model=tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=8,
-                 enable_mixed_chunk=True)
+                 enable_mixed_chunk=True, disable_overlap_schedule=True)
     modes = count_modes(eng)
     short = eng.submit([5, 6, 7], greedy(max_new=40), stream=True)
     eng.step()

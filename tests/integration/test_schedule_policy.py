@@ -145,8 +145,9 @@ def test_cli_flags():
 @pytest.mark.parametrize("policy", ["fcfs", "lpm"])
 def test_lpm_admits_the_longest_cached_prefix_first(tiny_llama_dir, policy):
     # One row: one request at a time, so admission order is the order of first outputs.
+    # Step by step: serial loop, so each step's token is visible when step() returns.
     eng = Engine(model=tiny_llama_dir, max_total_tokens=1024, max_running_requests=1,
-                 schedule_policy=policy)
+                 schedule_policy=policy, disable_overlap_schedule=True)
     shared = tokens(40, 20)
     eng.generate(shared + [5], greedy(2))  # now cached
     cold = eng.submit(tokens(30, 21), greedy(), stream=True)
@@ -163,13 +164,15 @@ def test_lpm_admits_the_longest_cached_prefix_first(tiny_llama_dir, policy):
 
 @pytest.fixture(scope="module")
 def plain(tiny_llama_dir):
-    return Engine(model=tiny_llama_dir, max_total_tokens=2048, disable_radix_cache=True)
+    # Step by step (test_short_shared_prefix...): serial loop, each step's token visible.
+    return Engine(model=tiny_llama_dir, max_total_tokens=2048, disable_radix_cache=True,
+                  disable_overlap_schedule=True)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "lpm"])
 def test_requests_arriving_together_compute_a_shared_prefix_once(tiny_llama_dir, plain, policy):
     eng = Engine(model=tiny_llama_dir, max_total_tokens=2048, max_running_requests=8,
-                 schedule_policy=policy)
+                 schedule_policy=policy, disable_overlap_schedule=True)  # step by step
     shared = tokens(60, 30)
     suffixes = [[10 + i] + tokens(9, 31 + i) for i in range(4)]  # distinct first tokens
     ps = [shared + s for s in suffixes]
@@ -190,7 +193,7 @@ def test_requests_arriving_together_compute_a_shared_prefix_once(tiny_llama_dir,
 
 
 def test_short_shared_prefix_or_no_cache_admits_together(tiny_llama_dir, plain):
-    eng = Engine(model=tiny_llama_dir, max_total_tokens=2048)
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=2048, disable_overlap_schedule=True)
     short = tokens(IN_BATCH_PREFIX_MIN - 2, 40)  # shares < IN_BATCH_PREFIX_MIN uncached tokens
     for e, ps in [(eng, [short + [10 + i] + tokens(5, 41 + i) for i in range(3)]),
                   (plain, [tokens(60, 42) + [10 + i] for i in range(3)])]:

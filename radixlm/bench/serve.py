@@ -1,0 +1,264 @@
+"""`radixlm bench serve`: the serving benchmark, against a running server or peers it starts.
+
+With `--base-url` it measures that one server (any OpenAI-compatible one). Without, it
+starts the servers itself and measures them side by side in one run: radixlm (with any
+`--engine-arg`s), one radixlm per `--ablation`, and llama-server on the same GGUF when
+one is found (`--llama-server PATH`, `llama-server` on PATH, or the binary that
+scripts/build_llama_server.sh builds). All servers stay up for the whole run; for each
+repeat and each `--max-concurrency` value the servers take turns on the same requests
+(interleaved, so a noisy neighbour slows them alike), and the summary takes medians.
+Repeat r uses dataset seed `seed + r` (the same prompts again would measure the cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from radixlm.bench.engine_args import Ablation
+from radixlm.bench.datasets import BenchRequest, DatasetArgs, TokenPool, to_text
+from radixlm.bench.report import append_json_line, format_table, machine_info, utc_now
+from radixlm.bench.serve_client import Target, model_name, send_request
+from radixlm.bench.serve_load import LoadConfig, run_load
+from radixlm.bench.serve_metrics import compute_metrics
+from radixlm.bench.server_proc import (LaunchedServer, ServerSpec, find_llama_server,
+                                       llama_server_spec, radixlm_spec)
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    dataset: DatasetArgs = field(default_factory=DatasetArgs)
+    request_rate: float = math.inf
+    max_concurrency: tuple[int | None, ...] = (None,)
+    num_warmup: int = 1
+    repeat: int = 1
+    base_url: str | None = None  # None: start the servers below
+    backend: str = "openai"
+    api_key: str | None = None
+    model: str | None = None  # weights of started servers; the tokenizer of the dataset
+    tokenizer: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    ablations: tuple[Ablation, ...] = ()
+    llama_server: str | None = None  # a path; "none" = do not run it
+    llama_server_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    startup_timeout_s: float = 600.0
+    output_file: str | None = None
+    output_details: bool = False  # per-request ttfts/itls/latencies in the JSON lines
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        if self.repeat < 1:
+            raise ValueError(f"--repeat must be >= 1, got {self.repeat}")
+        if self.backend not in ("openai", "radixlm"):
+            raise ValueError(f"--backend must be openai or radixlm, got {self.backend!r}")
+        if self.base_url and self.ablations:
+            raise ValueError("--ablation starts its own servers: drop --base-url")
+        for c in self.max_concurrency:
+            LoadConfig(max_concurrency=c, request_rate=self.request_rate).validate()
+
+
+def load_bench_tokenizer(cfg: ServeBenchConfig) -> Any:
+    from radixlm.models.loader import resolve_model_path
+    from radixlm.tokenizer.loader import load_tokenizer
+
+    return load_tokenizer(resolve_model_path(cfg.model), cfg.tokenizer)
+
+
+def build_requests(cfg: ServeBenchConfig, tokenizer: Any, repeat: int) -> list[BenchRequest]:
+    pool = TokenPool.from_tokenizer(tokenizer)
+    return to_text(cfg.dataset.build(tokenizer, pool, seed_offset=repeat), tokenizer)
+
+
+def server_specs(cfg: ServeBenchConfig, requests: list[BenchRequest],
+                 log=print) -> list[ServerSpec]:
+    """radixlm, its ablations, and llama-server if one is found."""
+    from radixlm.models.loader import resolve_model_path
+
+    specs = [radixlm_spec("radixlm", cfg.model, cfg.engine_args)]
+    for ab in cfg.ablations:
+        specs.append(radixlm_spec(ab.name, cfg.model, {**cfg.engine_args, **ab.engine_args}))
+    if cfg.llama_server != "none":
+        binary = find_llama_server(cfg.llama_server)
+        model_path = resolve_model_path(cfg.model)
+        if binary is None:
+            log("llama-server: not found (--llama-server PATH, or scripts/"
+                "build_llama_server.sh); skipped")
+        elif not model_path.endswith(".gguf"):
+            log(f"llama-server: {model_path} is not a GGUF file; skipped")
+        else:
+            parallel = max([c for c in cfg.max_concurrency if c] or [len(requests)])
+            specs.append(llama_server_spec(binary, model_path, min(parallel, len(requests)),
+                                           slot_context(requests), cfg.llama_server_threads))
+    return specs
+
+
+def slot_context(requests: list[BenchRequest]) -> int:
+    """Tokens one llama-server slot must hold: the longest request, with every turn of a
+    conversation (answer + follow-up), plus a margin for tokenizer differences, rounded
+    up to 256."""
+    longest = max(r.prompt_len + (1 + len(r.follow_ups)) * r.output_len
+                  + len(r.follow_ups) * (r.prompt_len // 4 + 64) for r in requests)
+    return -(-(longest + 64) // 256) * 256
+
+
+async def _flush_cache(client: httpx.AsyncClient, target: Target) -> None:
+    """POST /flush_cache, retried while the server still finishes (refuses) requests."""
+    for _ in range(50):
+        r = await client.post(target.base_url + "/flush_cache", headers=target.headers(),
+                              timeout=60)
+        if r.status_code == 200:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{target.name}: /flush_cache kept failing: {r.text}")
+
+
+async def _server_pool(client: httpx.AsyncClient, target: Target) -> dict[str, Any] | None:
+    r = await client.get(target.base_url + "/server_info", headers=target.headers(), timeout=60)
+    return r.json().get("pool") if r.status_code == 200 else None
+
+
+async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConfig,
+                    tokenizer: Any, num_warmup: int) -> dict[str, Any]:
+    """Warm up, (radixlm: flush the cache), run the load; the metrics and details."""
+    def count(text: str) -> int:  # prompt tokens of a later turn of a conversation
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        if target.model is None:
+            target = Target(target.name, target.base_url, target.backend,
+                            await model_name(client, target), target.api_key)
+        warm = requests[0]
+        for res in await asyncio.gather(*(send_request(client, target, warm.prompt,
+                                                       warm.prompt_len, min(warm.output_len, 4))
+                                          for _ in range(num_warmup))):
+            if not res.success:
+                raise RuntimeError(f"{target.name}: warm-up request failed: {res.error}")
+        pool_before = None
+        if target.backend == "radixlm":
+            await _flush_cache(client, target)
+            pool_before = await _server_pool(client, target)
+        results, duration = await run_load(client, target, requests, load, count)
+        pool_after = await _server_pool(client, target) if target.backend == "radixlm" else None
+    metrics = compute_metrics(results, duration)
+    errors = sorted({r.error for r in results if not r.success})
+    details = {"success": [r.success for r in results],
+               "input_lens": [r.prompt_len for r in results],
+               "output_lens": [r.output_len for r in results],
+               "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
+               "e2e_latencies": [r.latency for r in results], "errors": errors}
+    extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5]}
+    if pool_before is not None and pool_after is not None:
+        # The scheduler's own count over this run (it counts in tokens it tokenized).
+        prompt = pool_after["prompt_tokens_total"] - pool_before["prompt_tokens_total"]
+        cached = pool_after["cached_tokens_total"] - pool_before["cached_tokens_total"]
+        extra["server_cache_hit_rate"] = cached / prompt if prompt else 0.0
+    return {**metrics, **extra, "details": details}
+
+
+def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
+    """Every run's record (one per server x concurrency x repeat), in the order run."""
+    cfg.validate()
+    machine = machine_info()
+    tokenizer = load_bench_tokenizer(cfg)
+    all_requests = [build_requests(cfg, tokenizer, r) for r in range(cfg.repeat)]
+    with contextlib.ExitStack() as stack:
+        if cfg.base_url:
+            targets = [Target("server", cfg.base_url.rstrip("/"), cfg.backend,
+                              api_key=cfg.api_key)]
+        else:
+            targets = []
+            for spec in server_specs(cfg, all_requests[0], log):
+                log(f"starting {spec.name}: {' '.join(spec.cmd)}")
+                stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
+                targets.append(Target(spec.name, spec.base_url, spec.backend))
+        records = []
+        for r, requests in enumerate(all_requests):
+            for conc in cfg.max_concurrency:
+                load = LoadConfig(cfg.request_rate, conc, cfg.dataset.seed + r, cfg.show_progress)
+                for target in targets:
+                    t0 = time.perf_counter()
+                    m = asyncio.run(bench_one(target, requests, load, tokenizer, cfg.num_warmup))
+                    rec = _record(cfg, target, conc, r, m, machine)
+                    records.append(rec)
+                    log(f"[repeat {r + 1}/{cfg.repeat}, concurrency {conc or 'inf'}] "
+                        f"{target.name}: {m['output_throughput']:.1f} out tok/s, "
+                        f"median TTFT {m['median_ttft_ms']:.0f} ms, median ITL "
+                        f"{m['median_itl_ms']:.0f} ms ({time.perf_counter() - t0:.0f} s)")
+                    if cfg.output_file:
+                        line = rec if cfg.output_details else \
+                            {k: v for k, v in rec.items() if k != "details"}
+                        append_json_line(cfg.output_file, line)
+    return records
+
+
+def _record(cfg: ServeBenchConfig, target: Target, conc: int | None, repeat: int,
+            m: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
+    ds = asdict(cfg.dataset)
+    return {"benchmark": "serve", "timestamp": utc_now(), "machine": machine,
+            "load_avg_1m_end": os.getloadavg()[0], "server": target.name,
+            "backend": target.backend, "base_url": target.base_url,
+            "dataset_name": cfg.dataset.name, "dataset": ds,
+            "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
+            "max_concurrency": conc, "repeat_index": repeat,
+            "num_prompts": len(m["details"]["input_lens"]),  # every turn counts
+            "engine_args": _server_args(cfg, target.name),
+            **m}
+
+
+def _server_args(cfg: ServeBenchConfig, name: str) -> dict[str, Any] | None:
+    if cfg.base_url or name == "llama-server":
+        return None
+    extra = next((a.engine_args for a in cfg.ablations if a.name == name), {})
+    return {**cfg.engine_args, **extra}
+
+
+SUMMARY_FIELDS = ("request_throughput", "output_throughput", "total_throughput",
+                  "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
+                  "median_tpot_ms", "median_e2e_latency_ms", "cache_hit_rate")
+
+
+def summarize_runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (server, concurrency): the median of each field over the repeats, and
+    the output throughput relative to the first server at the same concurrency."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault((rec["server"], rec["max_concurrency"]), []).append(rec)
+    rows = []
+    for (server, conc), recs in groups.items():
+        row: dict[str, Any] = {"server": server, "max_concurrency": conc, "runs": len(recs),
+                               "completed": recs[0]["completed"], "failed": recs[0]["failed"]}
+        for f in SUMMARY_FIELDS:
+            vals = [r[f] for r in recs if r.get(f) is not None]
+            row[f] = statistics.median(vals) if vals else None
+        rows.append(row)
+    for row in rows:
+        ref = next(r for r in rows if r["max_concurrency"] == row["max_concurrency"])
+        row["output_throughput_ratio"] = row["output_throughput"] / ref["output_throughput"] \
+            if ref["output_throughput"] else None
+    return rows
+
+
+def serve_table(records: list[dict[str, Any]]) -> str:
+    rows = summarize_runs(records)
+    headers = ["server", "conc", "ok/fail", "req/s", "out tok/s", "ratio", "TTFT med ms",
+               "TTFT p99 ms", "ITL med ms", "ITL p99 ms", "TPOT med ms", "E2E med ms",
+               "cache hit"]
+    table = [[r["server"], r["max_concurrency"] or "inf", f"{r['completed']}/{r['failed']}",
+              r["request_throughput"], r["output_throughput"],
+              f"{r['output_throughput_ratio']:.2f}x", r["median_ttft_ms"], r["p99_ttft_ms"],
+              r["median_itl_ms"], r["p99_itl_ms"], r["median_tpot_ms"],
+              r["median_e2e_latency_ms"],
+              "-" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.1%}"]
+             for r in rows]
+    n = max(r["runs"] for r in rows)
+    return format_table(headers, table) + (f"\n(median of {n} runs each; ratio: output tok/s "
+                                           f"over the first server's)" if n > 1 else "")

@@ -1,0 +1,209 @@
+"""ForwardWorker: runs one batch's forward + sampling, inline or on a forward thread.
+
+The zero-overhead (overlap) scheduler launches batch N+1 before it processes batch N's
+results, so the device (here: the forward thread) goes from one forward straight into the
+next while the scheduler thread does its CPU work (receiving requests, stop checks,
+streaming, radix cache updates, building the next batch). torch releases the GIL inside
+its ops, so on the CPU the two threads overlap as far as the forward's own Python allows;
+on CUDA the forward thread only enqueues kernels.
+
+Both modes run the very same `ForwardTask` on the same `ModelRunner`:
+  * `inline=True` (`--disable-overlap-schedule`): `launch` runs the task at once and
+    returns a finished future (the serial loop);
+  * `inline=False` (default): one worker thread runs tasks in launch order.
+
+Ordering invariant (what makes the overlap safe): tasks run strictly one after another in
+launch order. So everything a task writes (K/V slots, the token relay, penalty counts,
+generator states) is written before the next task reads it, and a KV slot or a relay entry
+the scheduler recycles while task N runs is only written again by a task launched later.
+The scheduler must still not rewrite a req_to_token row that a launched-but-unfinished
+task reads (see `scheduler.py`, "Lag").
+
+Timing (`StepTimer`): the worker records when each forward starts and ends; the gap between
+the end of one forward and the start of the next, while the scheduler had work all along,
+is the *bubble*: the device waiting for the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.executor.forward_batch import ForwardBatch
+from radixlm.executor.forward_split import halves
+from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo
+from radixlm.mem.oom import BatchShape, diagnose_oom, is_out_of_memory
+from radixlm.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTimer:
+    """Cumulative timing of a busy scheduler (seconds). Idle periods (no work at all) are
+    not counted: `mark_idle` forgets the last forward's end, so the next gap starts fresh."""
+    forwards: int = 0
+    forward_s: float = 0.0  # device busy: forward + sampling of every batch
+    bubble_s: float = 0.0  # device idle between two forwards while work was pending
+    schedule_s: float = 0.0  # scheduler thread CPU work per step (not waiting on results)
+    oom_splits: int = 0  # forwards re-run in halves after running out of memory
+    last_end: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def forward_started(self) -> float:
+        now = time.perf_counter()
+        with self.lock:
+            if self.last_end is not None:
+                self.bubble_s += now - self.last_end
+        return now
+
+    def forward_ended(self, started: float) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            self.forwards += 1
+            self.forward_s += now - started
+            self.last_end = now
+
+    def mark_idle(self) -> None:
+        with self.lock:
+            self.last_end = None
+
+    @property
+    def bubble_share(self) -> float:
+        """Bubble / (forward + bubble): the share of the busy device timeline lost waiting."""
+        busy = self.forward_s + self.bubble_s
+        return self.bubble_s / busy if busy > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"forwards": self.forwards, "forward_s": self.forward_s,
+                "bubble_s": self.bubble_s, "schedule_s": self.schedule_s,
+                "bubble_share": self.bubble_share, "oom_splits": self.oom_splits}
+
+
+@dataclass
+class ForwardTask:
+    """Everything one forward + sampling needs, captured at launch.
+
+    `sampling_reqs` are the requests that sample a token this step (a chunk that does not
+    end its prompt samples nothing); `keep` selects their rows of the logits (None: all
+    rows). `rows` are their req_to_token rows, where the sampled tokens go in the relay.
+    """
+    forward_batch: ForwardBatch
+    sampling_reqs: list[Req]
+    keep: torch.Tensor | None
+    rows: torch.Tensor
+
+
+class ForwardWorker:
+    def __init__(self, runner, inline: bool) -> None:
+        self.runner = runner
+        self.inline = inline
+        self.timer = StepTimer()
+        # Token relay: relay[row] is the newest token sampled for the request in
+        # req_to_token row `row`. A batch launched before its inputs' sampling finished
+        # reads them from here on the forward thread (ForwardBatch.future_*).
+        self.relay = torch.zeros(runner.req_to_token_pool.size + 1, dtype=torch.int64,
+                                 device=runner.device)
+        self._pool = None if inline else ThreadPoolExecutor(1, thread_name_prefix="forward")
+        # Seconds the scheduler thread spent blocked on forwards: running them (inline) or
+        # waiting for their results; the rest of a step is scheduling CPU time.
+        self.blocked_s = 0.0
+
+    def launch(self, task: ForwardTask) -> Future:
+        if self._pool is not None:
+            return self._pool.submit(self._run, task)
+        fut: Future = Future()
+        t0 = time.perf_counter()
+        try:
+            fut.set_result(self._run(task))
+        except BaseException as e:  # surfaced by fut.result(), as the thread would
+            fut.set_exception(e)
+        self.blocked_s += time.perf_counter() - t0
+        return fut
+
+    def wait(self, fut: Future) -> SampleOutput | None:
+        """The batch's sampled tokens (re-raises the forward's exception)."""
+        t0 = time.perf_counter()
+        try:
+            return fut.result()
+        finally:
+            self.blocked_s += time.perf_counter() - t0
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    @torch.inference_mode()
+    def _run(self, task: ForwardTask) -> SampleOutput | None:
+        fb = task.forward_batch
+        started = self.timer.forward_started()
+        try:
+            if fb.future_token_idx is not None:
+                # Inputs whose tokens were still being sampled when this batch was built.
+                fb.input_ids[fb.future_token_idx] = self.relay[fb.future_token_rows]
+            logits = self._forward(fb)
+            reqs = task.sampling_reqs
+            if not reqs:
+                return None
+            if task.keep is not None:
+                logits = logits[task.keep]
+            # The sampled token's position is the request's seq_len after this forward
+            # (read from the batch: the Req's own lengths move on the scheduler thread).
+            positions = (fb.seq_lens_cpu if task.keep is None
+                         else [fb.seq_lens_cpu[i] for i in task.keep.tolist()])
+            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device,
+                                               positions=positions)
+            out = self.runner.sample(logits, info)
+            self.relay[task.rows] = out.next_token_ids
+            _count_penalty_tokens(reqs, out.next_token_ids)
+            return out
+        finally:
+            self.timer.forward_ended(started)
+
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """The batch's logits. Out of memory (a CUDA OOM, a failed host allocation): run it
+        again as two halves by requests (`forward_split.py`), recursively; a single request
+        that does not fit re-raises. Each split is logged with the diagnosis."""
+        try:
+            return self.runner.forward(fb)
+        except Exception as e:
+            if fb.batch_size < 2 or not is_out_of_memory(e):
+                raise
+            error = e  # leave the except block: its traceback pins the failed activations
+        if fb.input_ids.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.timer.oom_splits += 1
+        plan = getattr(self.runner, "plan", None)
+        if plan is not None:
+            logger.warning("%s Retrying the batch in two halves.",
+                           diagnose_oom(plan, batch_shape(fb), error).message())
+        else:
+            logger.warning("out of memory in a forward of %d requests (%s); retrying the "
+                           "batch in two halves", fb.batch_size, error)
+        first, second = halves(fb)
+        return torch.cat([self._forward(first), self._forward(second)])
+
+
+def batch_shape(fb: ForwardBatch) -> BatchShape:
+    """What a forward computed, for the OOM diagnosis."""
+    if fb.forward_mode.is_decode():
+        return BatchShape("decode", [1] * fb.batch_size, list(fb.seq_lens_cpu))
+    return BatchShape("prefill", list(fb.extend_seq_lens_cpu), list(fb.seq_lens_cpu))
+
+
+def _count_penalty_tokens(reqs: list[Req], next_ids: torch.Tensor) -> None:
+    """Penalty state follows the sampled tokens on the forward thread, so the next batch's
+    penalties see this step's token even before the scheduler has processed it. A token
+    sampled for a request that turns out to be finished is counted too; nothing reads
+    that request's counts again."""
+    for i, req in enumerate(reqs):
+        if req.output_counts is not None:
+            tok = next_ids[i]
+            req.output_counts[tok] += 1
+            req.seen_mask[tok] = True

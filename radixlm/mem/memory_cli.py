@@ -1,0 +1,128 @@
+"""`radixlm memory`: print the memory plan for a model on a device, without loading weights.
+
+    radixlm memory --model PATH --device-memory 141GiB [--dtype bfloat16] [--quantization fp8]
+                   [--kv-cache-dtype fp8_e4m3] [--tp-size N] [--mem-fraction-static F]
+                   [--chunked-prefill-size N] [--max-running-requests N] [--context-length N]
+                   [--json]
+
+PATH is a HF directory (config.json only: weights from the architecture; with
+*.safetensors: their real tensor shapes) or a .gguf file (its tensor table). The device is
+a GPU of --device-memory (all of it available) unless --device cpu; without
+--device-memory it is the local device, probed as the engine would (after weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from radixlm.mem.device_memory import DeviceMemory
+from radixlm.mem.plan_report import plan_json, plan_table, verdict
+from radixlm.mem.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryPlan,
+                                 default_chunked_prefill_size, default_max_total_tokens,
+                                 plan_memory)
+from radixlm.mem.units import parse_size
+from radixlm.mem.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
+                                         estimate_weights)
+
+
+def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("memory", help="Plan the three memory pools for a model on a "
+                              "device, without loading it.")
+    p.add_argument("--model", default=None, help="HF directory (config.json is enough) or "
+                   ".gguf file. Default: the default model.")
+    p.add_argument("--device-memory", default=None, help="Device size, e.g. 80GB, 141GB, "
+                   "24GiB. Default: probe the local device.")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto: cuda when --device-memory is given or a GPU is present.")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES],
+                   help="Run dtype of weights and activations (auto: bfloat16 on cuda, "
+                   "float32 on cpu).")
+    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
+                   help="fp8: 1-byte linear weights (planning only).")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPE_BYTES])
+    p.add_argument("--tp-size", type=int, default=1, help="Tensor-parallel ranks; sizes "
+                   "are per rank.")
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--chunked-prefill-size", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
+                   help="Decode work space: torch gathers K/V, triton reads the pool in place.")
+    p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    p.set_defaults(func=run_memory_command)
+
+
+def _device(ns: argparse.Namespace, weight_bytes: int) -> DeviceMemory:
+    kind = ns.device
+    if ns.device_memory is not None:
+        total = parse_size(ns.device_memory)
+        kind = "cuda" if kind == "auto" else kind
+        return DeviceMemory(kind, total, total - weight_bytes, "--device-memory")
+    import torch
+
+    from radixlm.executor.model_runner import resolve_device
+
+    if resolve_device(kind).type == "cuda":  # the weights are not loaded: they must fit yet
+        free, total = torch.cuda.mem_get_info()
+        return DeviceMemory("cuda", total, free - weight_bytes, "torch.cuda.mem_get_info")
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return DeviceMemory("cpu", available, available - weight_bytes, "available host memory now")
+
+
+def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
+    from radixlm.models import resolve_model_path
+    from radixlm.models.loader import load_model_config
+
+    path = resolve_model_path(ns.model)
+    cfg = load_model_config(path)
+    shapes, source, stored = checkpoint_shapes(path, cfg)
+    kind_guess = "cuda" if ns.device_memory is not None and ns.device != "cpu" else ns.device
+    if kind_guess == "auto":
+        import torch
+
+        kind_guess = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = ns.dtype if ns.dtype != "auto" else ("bfloat16" if kind_guess == "cuda" else "float32")
+    act_bytes = DTYPE_BYTES[dtype]
+    kv_bytes = act_bytes if ns.kv_cache_dtype == "auto" else KV_CACHE_DTYPE_BYTES[ns.kv_cache_dtype]
+    weights = estimate_weights(shapes, cfg, act_bytes, ns.quantization, ns.tp_size, source, stored)
+    device = _device(ns, weights.total_bytes)
+    context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
+                      cfg.sliding_window or 1 << 30)
+    chunk = ns.chunked_prefill_size
+    if chunk is None:
+        chunk = default_chunked_prefill_size(device.kind, device.total_bytes)
+    cap = ns.max_total_tokens if ns.max_total_tokens is not None else \
+        default_max_total_tokens(device.kind)
+    plan = plan_memory(cfg=cfg, weight_bytes=weights.total_bytes, device=device,
+                       act_bytes=act_bytes, kv_bytes=kv_bytes, context_len=context_len,
+                       chunked_prefill_size=chunk, max_prefill_tokens=ns.max_prefill_tokens,
+                       page_size=ns.page_size, tp_size=ns.tp_size,
+                       mem_fraction_static=ns.mem_fraction_static,
+                       max_running_requests=ns.max_running_requests, max_total_tokens=cap,
+                       attention_backend=ns.attention_backend)
+    return plan, weights
+
+
+def run_memory_command(ns: argparse.Namespace) -> None:
+    from radixlm.models import ModelNotFoundError
+
+    try:
+        plan, weights = build_plan(ns)
+    except (ModelNotFoundError, ValueError) as e:
+        print(f"radixlm memory: {e}", file=sys.stderr)
+        sys.exit(2)
+    if ns.json:
+        print(json.dumps(plan_json(plan, weights), indent=2))
+    else:
+        print(plan_table(plan, weights))
+        for line in verdict(plan):
+            print(line)
+    if plan.fatal:
+        sys.exit(1)

@@ -1,0 +1,203 @@
+"""Weight bytes per tensor-parallel rank, from tensor shapes alone (no tensor data read).
+
+Shapes come from the model config (a directory holding only config.json), from the
+safetensors headers of a full checkpoint, or from a GGUF file's tensor table. radixlm runs
+dense weights in the run dtype (GGUF is dequantized at load), so every tensor costs
+`numel * dtype bytes` -- except, with `quantization="fp8"`, the linear projections, which
+cost 1 byte per element (per-tensor scales are negligible and not counted). Embeddings
+and lm_head stay in the run dtype under FP8, as in published FP8 checkpoints.
+
+Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
+split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
+KV heads (each rank keeps max(1, kv_heads // tp) heads); the embedding and lm_head are
+vocab-parallel (ceil(vocab / tp) rows each); norms and the RoPE cache are replicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+from radixlm.models.model_config import ModelConfig
+
+# Name suffix -> how the tensor is split across TP ranks.
+_COL_PARALLEL = ("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias",
+                 "up_proj.weight", "up_proj.bias")
+_KV_PARALLEL = ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")
+_ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")  # their biases are replicated
+_LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                   "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+_VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
+_REPLICATED = ("norm.weight", "o_proj.bias", "down_proj.bias")
+
+QUANTIZATIONS = ("none", "fp8")
+
+
+@dataclass(frozen=True)
+class WeightEstimate:
+    """Bytes of one TP rank's weights, by group."""
+
+    embedding_bytes: int
+    lm_head_bytes: int  # 0 with tied embeddings (the logits reuse the embedding)
+    linear_bytes: int  # attention and MLP projections
+    other_bytes: int  # norms, biases, the RoPE cos/sin cache
+    num_params: int  # the whole model's parameters (all ranks together)
+    source: str  # "config" | "safetensors" | "gguf"
+    on_disk_bytes: int | None = None  # the checkpoint's tensor bytes as stored (GGUF: quantized)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.embedding_bytes + self.lm_head_bytes + self.linear_bytes + self.other_bytes
+
+
+def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
+    """KV heads each rank stores: split when tp divides them, one (replicated) when tp
+    exceeds them."""
+    return max(1, cfg.num_kv_heads // tp)
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    if tp < 1:
+        raise ValueError(f"--tp-size must be >= 1, got {tp}")
+    if cfg.num_heads % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the {cfg.num_heads} attention heads")
+    if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
+        raise ValueError(f"--tp-size {tp} and the {cfg.num_kv_heads} KV heads: one must "
+                         f"divide the other")
+
+
+def config_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the Llama-family model holds, by HF name, from the architecture."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h),
+                                          "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if cfg.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.attention_out_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.mlp_bias:
+            shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                           p + "mlp.down_proj.bias": (h,)})
+    return shapes
+
+
+def safetensors_shapes(model_dir: str) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(shape by name, stored bytes) from the shards' JSON headers: an 8-byte little-endian
+    header length, then the header, whose entries carry `shape` and `data_offsets`."""
+    from radixlm.models.hf_loader import safetensors_files
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    stored = 0
+    for path in safetensors_files(model_dir):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            shapes[name] = tuple(int(x) for x in info["shape"])
+            start, end = info["data_offsets"]
+            stored += end - start
+    return shapes, stored
+
+
+def gguf_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(HF-named shape by name, stored bytes) from a GGUF tensor table. GGUF lists dims
+    fastest first ([in, out]), HF slowest first ([out, in]): reversed."""
+    from radixlm.models.gguf_loader import hf_name, open_gguf
+
+    reader = open_gguf(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    stored = 0
+    for t in reader.tensors:
+        stored += int(t.n_bytes)
+        if t.name == "rope_freqs.weight":  # metadata in disguise, not a weight
+            continue
+        shapes[hf_name(t.name)] = tuple(int(x) for x in reversed(t.shape.tolist()))
+    return shapes, stored
+
+
+def checkpoint_shapes(model_path: str, cfg: ModelConfig
+                      ) -> tuple[dict[str, tuple[int, ...]], str, int | None]:
+    """(shapes, source, stored bytes): real tensor sizes when the checkpoint is there, else
+    the architecture's (a HF directory holding only config.json)."""
+    if model_path.endswith(".gguf"):
+        shapes, stored = gguf_shapes(model_path)
+        return shapes, "gguf", stored
+    if any(n.endswith(".safetensors") for n in os.listdir(model_path)):
+        shapes, stored = safetensors_shapes(model_path)
+        return shapes, "safetensors", stored
+    return config_tensor_shapes(cfg), "config", None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype_bytes: int,
+                     quantization: str = "none", tp: int = 1, source: str = "config",
+                     on_disk_bytes: int | None = None) -> WeightEstimate:
+    """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
+    checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
+    check_tp(cfg, tp)
+    kv_frac = (kv_heads_per_rank(cfg, tp), cfg.num_kv_heads)  # rank's share of k/v rows
+    emb = head = linear = other = params = 0
+    for name, shape in shapes.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        n = _numel(shape)
+        if name.endswith(_VOCAB_PARALLEL):
+            rows = -(-shape[0] // tp)  # ceil: the last rank's shard is padded
+            b = rows * _numel(shape[1:]) * dtype_bytes
+            params += n
+            if "embed_tokens" in name:
+                emb += b
+            else:
+                head += b
+            continue
+        if name.endswith(_COL_PARALLEL) or name.endswith(_ROW_PARALLEL):
+            per_rank = n // tp
+        elif name.endswith(_KV_PARALLEL):
+            per_rank = n * kv_frac[0] // kv_frac[1]
+        elif name.endswith(_REPLICATED) or name.endswith("layernorm.weight"):
+            per_rank = n
+        else:
+            continue  # not a weight of the model (e.g. rotary_emb.inv_freq)
+        params += n
+        if name.endswith(_LINEAR_WEIGHTS):
+            linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
+        else:
+            other += per_rank * dtype_bytes
+    # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank.
+    other += cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
+    return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes)
+
+
+def module_bytes(model) -> int:
+    """Bytes a loaded model holds: parameters and buffers (the RoPE cache), each once."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,92 @@
+"""Batch-invariant linear layers for --enable-deterministic-inference.
+
+Why: a GEMM library picks its kernel (and with it the order in which it sums over the
+reduction dimension K) from the shape of the call. On the 2-core AVX2 CPU this project
+is developed on, MKL gives a token's row of `x @ W.T` three different bit patterns
+depending only on how many rows M the call has (M = 1, M = 2..3, M >= 4: measured, see
+docs/deterministic.md); cuBLAS likewise switches tile configs and split-K by M. So a
+request's hidden states depend on how many other tokens share its forward pass.
+
+How: every GEMM is issued on exactly `row_tile` rows. The flat token rows are cut into
+tiles of `row_tile` rows (the last tile zero-padded), and each tile is one fixed-shape
+call. A fixed-shape GEMM computes each output row with the same kernel and the same K
+order whatever the other rows hold (checked: bitwise equal rows at every position of a
+tile with random neighbours), so a row's result depends only on its own input: not on
+the batch size, the chunk boundaries, or its position in the batch. The bias is added
+after the GEMM (an exact elementwise add), never fused (`addmm` may pick another path).
+
+Cost: the last tile's padding (up to row_tile - 1 wasted rows per call; a decode batch of
+one request computes row_tile rows) and one call per tile instead of one per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Rows per GEMM call. 32 keeps prefill GEMMs near full speed on the CPU (per-row cost at
+# M = 32 within a few % of M = 256) and wastes at most 31 rows of a decode batch.
+DEFAULT_ROW_TILE = 32
+
+
+@dataclass(frozen=True)
+class BatchInvariantOps:
+    row_tile: int = DEFAULT_ROW_TILE
+
+    def __post_init__(self) -> None:
+        if self.row_tile < 1:
+            raise ValueError(f"row_tile must be >= 1, got {self.row_tile}")
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] @ weight[N, K].T (+ bias), every GEMM on exactly row_tile rows."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        m, t = x2.shape[0], self.row_tile
+        padded = -(-m // t) * t  # m rounded up to whole tiles
+        if padded != m:
+            x2 = torch.cat([x2, x2.new_zeros(padded - m, x2.shape[1])])
+        x2 = x2.contiguous()
+        wt = weight.t()
+        out = x2.new_empty(padded, weight.shape[0])
+        # Tile i is rows [i*t, (i+1)*t): one fixed-shape [t, K] x [K, N] call each.
+        for start in range(0, padded, t):
+            torch.mm(x2[start:start + t], wt, out=out[start:start + t])
+        out = out[:m]
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*lead, weight.shape[0])
+
+
+class BatchInvariantLinear(nn.Module):
+    """A linear layer whose forward is `BatchInvariantOps.linear`. It holds the very
+    Parameter objects of the nn.Linear it replaces (same names: weight, bias), so weight
+    loading and parameter counting see no difference."""
+
+    def __init__(self, linear: nn.Linear, ops: BatchInvariantOps) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(x, self.weight, self.bias)
+
+
+def make_batch_invariant(model: nn.Module, ops: BatchInvariantOps) -> None:
+    """Replace (in place) every nn.Linear child of `model` by a BatchInvariantLinear on the
+    same parameters, and set the model's logits projection when it has a `logits_linear`
+    hook (LlamaForCausalLM: tied embeddings are projected by a function, not a module)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, BatchInvariantLinear(child, ops))
+            elif hasattr(child, "linear_op"):
+                # Tensor-parallel linear layers (models/parallel_layers.py): same GEMM
+                # hook, the collectives around it unchanged.
+                child.linear_op = ops.linear
+    if hasattr(model, "logits_linear"):
+        model.logits_linear = ops.linear

@@ -1,0 +1,191 @@
+"""Tensor-parallel layers: column/row-parallel linear, vocab-parallel embedding, LM head.
+
+Each layer takes a `ParallelContext` and holds only its rank's slice of the weight; its
+`load(param_name, full_tensor, shard)` copies that slice out of a whole checkpoint tensor
+(so loaders stay rank-agnostic and a rank never keeps more than one full tensor at a
+time). With `tp_size == 1` the slice is the whole tensor and no collective runs: the
+layers compute exactly what nn.Linear / nn.Embedding compute.
+
+Megatron pairing (one all-reduce per pair): a ColumnParallelLinear splits the output
+features, so its rank holds a block of heads / intermediate features, and the
+RowParallelLinear after it splits its input features the same way; each rank computes a
+partial sum of the output and the all-reduce adds them. Bias of a row-parallel layer is
+added once, after the all-reduce.
+
+`linear_op` is the GEMM `(x, weight, bias) -> x @ weight.T + bias`: F.linear by default;
+deterministic inference swaps in a batch-invariant one (models/batch_invariant.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.models.parallel_context import ParallelContext, kv_head_range, split_evenly
+
+LinearOp = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ColumnShard:
+    """One checkpoint tensor of a (possibly fused) column-parallel layer.
+
+    The checkpoint tensor has `full_rows` output rows; this rank keeps rows
+    [start, end) of it, stored at the next free rows of the local fused weight (shards
+    are laid out in the order given).
+    """
+    name: str | None
+    full_rows: int
+    start: int
+    end: int
+
+
+def even_shard(name: str | None, full_rows: int, ctx: ParallelContext, what: str) -> ColumnShard:
+    """Rows split evenly: rank r keeps [r*n, (r+1)*n) with n = full_rows / tp."""
+    n = split_evenly(full_rows, ctx.tp_size, what)
+    return ColumnShard(name, full_rows, ctx.tp_rank * n, (ctx.tp_rank + 1) * n)
+
+
+def qkv_shards(num_heads: int, num_kv_heads: int, head_dim: int,
+               ctx: ParallelContext) -> list[ColumnShard]:
+    """q, k, v of a GQA attention: Q heads split evenly; KV heads split, or replicated when
+    there are fewer than ranks (`kv_head_range`), so a rank holds the KV heads its Q heads
+    use. Rows of head i are [i*head_dim, (i+1)*head_dim)."""
+    q = even_shard("q", num_heads * head_dim, ctx, "attention heads")
+    k0, k1 = kv_head_range(num_kv_heads, ctx.tp_size, ctx.tp_rank)
+    kv_rows = num_kv_heads * head_dim
+    return [q, ColumnShard("k", kv_rows, k0 * head_dim, k1 * head_dim),
+            ColumnShard("v", kv_rows, k0 * head_dim, k1 * head_dim)]
+
+
+class _ShardedLinear(nn.Module):
+    """weight [out_local, in_local] (+ bias [out_local or out]) and the GEMM hook."""
+
+    def __init__(self, in_local: int, out_local: int, bias_size: int | None,
+                 ctx: ParallelContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.weight = nn.Parameter(torch.empty(out_local, in_local))
+        self.bias = nn.Parameter(torch.empty(bias_size)) if bias_size is not None else None
+        self.linear_op: LinearOp = F.linear
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """y_local = x @ W_local.T + b_local: the rank's slice of the output features, not
+    gathered (the next layer consumes it split). `shards` lists the checkpoint tensors
+    fused into this layer (e.g. q, k, v), each contributing its rows [start, end)."""
+
+    def __init__(self, in_features: int, shards: Sequence[ColumnShard], bias: bool,
+                 ctx: ParallelContext) -> None:
+        out_local = sum(s.end - s.start for s in shards)
+        super().__init__(in_features, out_local, out_local if bias else None, ctx)
+        self.in_features = in_features
+        self.shards = {s.name: s for s in shards}
+        # Shard name -> first local row; shard rows are contiguous in the given order.
+        self.offsets: dict[str | None, int] = {}
+        row = 0
+        for s in shards:
+            self.offsets[s.name] = row
+            row += s.end - s.start
+        self.local_sizes = [s.end - s.start for s in shards]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_op(x, self.weight, self.bias)
+
+    @torch.no_grad()
+    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+        s = self.shards[shard]
+        want = (s.full_rows, self.in_features) if param_name == "weight" else (s.full_rows,)
+        _check_shape(tensor, want, shard)
+        dst = getattr(self, param_name).data
+        off = self.offsets[shard]
+        dst[off:off + s.end - s.start].copy_(tensor[s.start:s.end])
+
+
+class RowParallelLinear(_ShardedLinear):
+    """y = all_reduce(x_local @ W_local.T) + b: x arrives split along its features (rank r
+    holds features [r*n, (r+1)*n), n = in_features / tp), W is split the same way along
+    dim 1; the bias is replicated and added once, after the sum."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 ctx: ParallelContext, what: str = "input features") -> None:
+        self.in_local = split_evenly(in_features, ctx.tp_size, what)
+        super().__init__(self.in_local, out_features, out_features if bias else None, ctx)
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.ctx.is_parallel:
+            return self.linear_op(x, self.weight, self.bias)
+        y = self.ctx.all_reduce(self.linear_op(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+    @torch.no_grad()
+    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+        if param_name == "bias":
+            _check_shape(tensor, (self.out_features,), shard)
+            self.bias.data.copy_(tensor)
+            return
+        _check_shape(tensor, (self.out_features, self.in_features), shard)
+        c0 = self.ctx.tp_rank * self.in_local
+        self.weight.data.copy_(tensor[:, c0:c0 + self.in_local])
+
+
+class _VocabSharded(nn.Module):
+    """weight [n, hidden], n = ceil(vocab / tp): rank r holds the rows of token ids
+    [r*n, min((r+1)*n, vocab)); the last rank's rows past the vocabulary are zero padding
+    (never looked up; their logits are cut off after the gather)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.rows_per_rank = -(-vocab_size // ctx.tp_size)
+        self.vocab_start = ctx.tp_rank * self.rows_per_rank
+        self.vocab_end = min(self.vocab_start + self.rows_per_rank, vocab_size)
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))
+
+    @torch.no_grad()
+    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+        _check_shape(tensor, (self.vocab_size, self.hidden_size), shard)
+        n = max(0, self.vocab_end - self.vocab_start)
+        self.weight.data[:n].copy_(tensor[self.vocab_start:self.vocab_start + n])
+        self.weight.data[n:].zero_()
+
+
+class VocabParallelEmbedding(_VocabSharded):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.ctx.is_parallel:
+            return F.embedding(ids, self.weight)
+        # Ids outside this rank's range look up row 0 and are zeroed; exactly one rank
+        # owns each id, so the sum over ranks is that rank's row (plus exact zeros).
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
+        out = F.embedding(local, self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0.0)
+        return self.ctx.all_reduce(out)
+
+
+class ParallelLMHead(_VocabSharded):
+    """The untied output projection, sharded like the embedding; `parallel_logits` runs it
+    (a tied model passes the VocabParallelEmbedding's weight instead)."""
+
+
+def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
+                    ctx: ParallelContext, linear: LinearOp) -> torch.Tensor:
+    """Logits [T, vocab] on every rank: each rank projects onto its vocabulary rows
+    (`weight` [n, hidden]), the all-gather concatenates the ranks' columns in rank order
+    (rank r's at [r*n, (r+1)*n), the ids it owns), the padding columns are cut off."""
+    local = linear(hidden, weight)
+    if not ctx.is_parallel:
+        return local
+    return ctx.all_gather_last_dim(local)[..., :vocab_size]
+
+
+def _check_shape(tensor: torch.Tensor, want: tuple[int, ...], shard: str | None) -> None:
+    if tuple(tensor.shape) != tuple(want):
+        raise ValueError(f"shape mismatch{f' for shard {shard}' if shard else ''}: "
+                         f"checkpoint {tuple(tensor.shape)}, expected {tuple(want)}")

@@ -1,0 +1,167 @@
+"""Forwarding one request to a worker: retries, streaming pass-through, load accounting.
+
+Unary requests (non-streaming, GET): a connection failure, a timeout while connecting,
+or a 5xx answer sends the request to another worker, up to `--max-retries` times; when
+every try fails the client gets the last worker's 5xx, or a 503 naming the errors.
+
+Streaming requests retry the same way until the worker sends its status line. After
+that the router passes bytes through chunk by chunk; if the worker dies mid-stream the
+client gets an OpenAI-style error event and `data: [DONE]`, never a hang (a silent
+worker trips the read timeout, which ends the stream the same way).
+
+Load: each try holds a `LoadGuard` on its worker from the moment it is chosen until its
+answer is read, its stream ends, the client hangs up (cancellation), or it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixlm.router.router import Router
+from radixlm.router.workers import LoadGuard
+from radixlm.server.errors import error_body, error_response
+from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect
+
+logger = logging.getLogger(__name__)
+
+_FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+
+
+def _no_worker(errors: list[str]) -> Response:
+    detail = "; ".join(errors) if errors else "no healthy worker"
+    return error_response(503, f"No worker could serve the request: {detail}")
+
+
+def _is_retryable(e: httpx.HTTPError) -> bool:
+    """Errors after which the request certainly or probably did not run to completion on
+    the worker and may be sent elsewhere. A read timeout is not one: the worker may still
+    be computing, and sending it again would double the work."""
+    return isinstance(e, httpx.TransportError) and not isinstance(e, httpx.ReadTimeout)
+
+
+def _takes_out(e: httpx.HTTPError) -> bool:
+    """The worker is unreachable (nothing listens, or the connection broke before any
+    answer): take it out of rotation until a health check passes."""
+    return isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
+
+
+def _passthrough(resp: httpx.Response, content: bytes) -> Response:
+    return Response(content, status_code=resp.status_code,
+                    media_type=resp.headers.get("content-type", "application/json"))
+
+
+async def forward_unary(router: Router, request: Request, method: str, path: str,
+                        body: bytes, text: str | None) -> Response:
+    """Send `method path` with `body` to a worker chosen for `text` (None: any worker, see
+    `Router.select`); retry as above."""
+
+    async def attempt_all() -> Response:
+        tried: set[str] = set()
+        errors: list[str] = []
+        last_5xx: Response | None = None
+        for attempt in range(router.args.max_retries + 1):
+            decision = router.select(text, exclude=tried)
+            if decision is None:
+                break
+            worker = decision.worker
+            tried.add(worker.url)
+            if attempt:
+                router.metrics.retries.inc()
+            async with router.registry.guard(worker):
+                try:
+                    resp = await router.http().request(method, worker.url + path, content=body,
+                                                       headers=forwarded_headers(request))
+                except httpx.HTTPError as e:
+                    router.worker_failed(worker, f"{type(e).__name__}: {e}", _takes_out(e))
+                    errors.append(f"{worker.url}: {type(e).__name__}")
+                    if not _is_retryable(e):
+                        return error_response(504, f"Worker {worker.url} timed out.")
+                    continue
+            if resp.status_code >= 500:
+                router.worker_failed(worker, f"HTTP {resp.status_code}", take_out=False)
+                errors.append(f"{worker.url}: HTTP {resp.status_code}")
+                last_5xx = _passthrough(resp, resp.content)
+                continue
+            return _passthrough(resp, resp.content)
+        return last_5xx if last_5xx is not None else _no_worker(errors)
+
+    # Cancelled when the client hangs up: the guard is released, the httpx request is
+    # closed, and the worker sees the disconnect and aborts the generation.
+    return await run_until_disconnect(request, attempt_all())
+
+
+async def forward_stream(router: Router, request: Request, path: str, body: bytes,
+                         text: str) -> Response:
+    """POST a streaming request; pass the worker's SSE stream through."""
+    tried: set[str] = set()
+    errors: list[str] = []
+    last_5xx: Response | None = None
+    for attempt in range(router.args.max_retries + 1):
+        decision = router.select(text, exclude=tried)
+        if decision is None:
+            break
+        worker = decision.worker
+        tried.add(worker.url)
+        if attempt:
+            router.metrics.retries.inc()
+        guard = router.registry.guard(worker).acquire()
+        try:
+            req = router.http().build_request("POST", worker.url + path, content=body,
+                                              headers=forwarded_headers(request))
+            resp = await router.http().send(req, stream=True)
+        except httpx.HTTPError as e:
+            guard.release()
+            router.worker_failed(worker, f"{type(e).__name__}: {e}", _takes_out(e))
+            errors.append(f"{worker.url}: {type(e).__name__}")
+            if not _is_retryable(e):
+                return error_response(504, f"Worker {worker.url} timed out.")
+            continue
+        except BaseException:
+            guard.release()
+            raise
+        if resp.status_code != 200:
+            # An error answer (400, 401, 5xx) comes whole: read it, then retry or pass it on.
+            try:
+                content = await resp.aread()
+            except httpx.HTTPError:
+                content = json.dumps(error_body(502, "worker closed the connection")).encode()
+            finally:
+                await resp.aclose()
+                guard.release()
+            if resp.status_code >= 500:
+                router.worker_failed(worker, f"HTTP {resp.status_code}", take_out=False)
+                errors.append(f"{worker.url}: HTTP {resp.status_code}")
+                last_5xx = _passthrough(resp, content)
+                continue
+            return _passthrough(resp, content)
+        return SSEResponse(_relay(router, resp, guard))
+    return last_5xx if last_5xx is not None else _no_worker(errors)
+
+
+async def _relay(router: Router, resp: httpx.Response, guard: LoadGuard) -> AsyncIterator[bytes]:
+    """Yield the worker's body chunks as they come. Closed early (client gone) or not,
+    the worker response is closed and the load released."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as e:
+        worker = guard.worker
+        router.metrics.stream_errors.inc()
+        router.worker_failed(worker, f"stream cut: {type(e).__name__}: {e}", _takes_out(e))
+        message = (f"The worker serving this stream ({worker.url}) failed mid-way: "
+                   f"{type(e).__name__}. The output above is incomplete.")
+        # A chunk boundary may have cut an event: start on a fresh line.
+        yield ("\n\ndata: " + json.dumps(error_body(503, message)) + "\n\n" + SSE_DONE).encode()
+    finally:
+        await resp.aclose()
+        guard.release()

@@ -1,0 +1,75 @@
+"""`radixlm memory` on config-only directories, a tiny checkpoint and the default GGUF."""
+
+import json
+import os
+
+import pytest
+
+from radixlm.cli import main
+from radixlm.mem.weight_estimate import checkpoint_shapes, config_tensor_shapes, estimate_weights
+from radixlm.models.loader import load_model_config
+from tests.conftest import requires_default_model
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "configs")
+
+
+def run_json(capsys, *args):
+    try:
+        main(["memory", *args, "--json"])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_70b_bf16_does_not_fit_one_80gb_gpu_but_tp2_does(capsys):
+    model = os.path.join(FIXTURES, "llama-3-70b")
+    code, plan = run_json(capsys, "--model", model, "--device-memory", "80GiB")
+    assert code == 1 and plan["problems"][0]["pool"] == "weights"
+    assert plan["verdict"][0].startswith("WILL NOT START")
+    code, plan = run_json(capsys, "--model", model, "--device-memory", "80GiB", "--tp-size", "2",
+                          "--quantization", "fp8")
+    assert code == 0 and plan["kv_tokens"] > 0 and plan["tp_size"] == 2
+    assert plan["weights"]["source"] == "config"
+
+
+def test_fp8_kv_halves_bytes_per_token(capsys):
+    model = os.path.join(FIXTURES, "llama-3-8b")
+    _, bf16 = run_json(capsys, "--model", model, "--device-memory", "141GiB")
+    _, fp8 = run_json(capsys, "--model", model, "--device-memory", "141GiB",
+                      "--kv-cache-dtype", "fp8_e4m3")
+    assert fp8["kv_bytes_per_token"] * 2 == bf16["kv_bytes_per_token"] == 131072
+
+
+def test_text_output_names_pools_and_flags(capsys):
+    main(["memory", "--model", os.path.join(FIXTURES, "llama-3-8b"), "--device-memory", "80GiB",
+          "--mem-fraction-static", "0.99", "--max-running-requests", "8"])
+    out = capsys.readouterr().out
+    for word in ("weights", "KV cache", "activations", "--chunked-prefill-size to",
+                 "--mem-fraction-static 0.99"):
+        assert word in out
+
+
+def test_checkpoint_shapes_equal_the_loaded_model(tiny_llama_dir):
+    import torch
+
+    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.models.loader import load_model
+
+    cfg = load_model_config(tiny_llama_dir)
+    shapes, source, stored = checkpoint_shapes(tiny_llama_dir, cfg)
+    assert source == "safetensors" and stored > 0
+    est = estimate_weights(shapes, cfg, 4)
+    assert est.total_bytes == estimate_weights(config_tensor_shapes(cfg), cfg, 4).total_bytes
+    model, _ = load_model(tiny_llama_dir, torch.float32, "cpu")
+    assert module_bytes(model) == est.total_bytes
+
+
+@requires_default_model
+def test_default_gguf_uses_its_tensor_table(capsys):
+    code, plan = run_json(capsys, "--device-memory", "4GiB", "--device", "cpu")
+    assert code == 0
+    w = plan["weights"]
+    assert w["source"] == "gguf" and 130e6 < w["num_params"] < 140e6  # SmolLM2-135M
+    assert w["on_disk_bytes"] < w["total_bytes"]  # stored quantized, run in float32
+    assert plan["device_kind"] == "cpu" and plan["max_running_requests"] <= 64
