@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.process_tree import alive, descendants
+
 
 def _have_default_model() -> bool:
     try:
@@ -44,39 +46,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _descendants(pid: int) -> set[int]:
-    """Live descendant pids of `pid`, from /proc (zombies count as gone)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if state != "Z":
-            children.setdefault(int(ppid), []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     port = _free_port()
@@ -85,7 +54,7 @@ def server() -> Iterator[str]:
            "--max-total-tokens", "4096", "--max-running-requests", "8"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    children: set[int] = set()
+    started: set[int] = set()
 
     def log_tail() -> str:
         log.flush()
@@ -105,11 +74,11 @@ def server() -> Iterator[str]:
             if time.monotonic() > deadline:
                 pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_tail()}")
             time.sleep(0.5)
-        children = _descendants(proc.pid)
+        started = descendants(proc.pid)
         yield url
     finally:
         if proc.poll() is None:
-            children = _descendants(proc.pid)
+            started = descendants(proc.pid)
             proc.terminate()
             try:
                 proc.wait(timeout=30)
@@ -118,9 +87,9 @@ def server() -> Iterator[str]:
                 proc.wait()
                 pytest.fail(f"server ignored SIGTERM:\n{log_tail()}")
         deadline = time.monotonic() + 15
-        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        while any(alive(p) for p in started) and time.monotonic() < deadline:
             time.sleep(0.2)
-        orphans = [p for p in children if _alive(p)]
+        orphans = [p for p in started if alive(p)]
         log.close()
         os.unlink(log.name)
         assert not orphans, f"child processes left after SIGTERM: {orphans}"
