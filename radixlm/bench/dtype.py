@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.bench.offline import greedy_params, prompt_vocab
+from radixlm.bench.one_batch import time_one_batch
 from radixlm.bench.report import append_json_line, format_table, machine_info, utc_now
 from radixlm.bench.threads import torch_threads
 from radixlm.bench.workload import RandomWorkload, random_prompts
@@ -65,19 +66,9 @@ def load_engine(cfg: DtypeBenchConfig, model_path: str, dtype: str) -> Engine:
 
 
 def time_batch(engine: Engine, prompts: list[list[int]], decode_steps: int) -> BatchTiming:
-    # The prefill step samples each request's first token; `decode_steps` more follow.
-    rids = [engine.submit(p, greedy_params(decode_steps + 1)) for p in prompts]
-    t0 = time.perf_counter()
-    engine.step()
-    prefill_s = time.perf_counter() - t0
-    if engine.scheduler.waiting:
-        raise RuntimeError("the batch did not fit in one prefill step (check --engine-arg)")
-    t0 = time.perf_counter()
-    engine.run_until_done(rids)
-    decode_s = time.perf_counter() - t0
-    for rid in rids:
-        engine.pop_result(rid)
-    return BatchTiming(prefill_s, decode_s)
+    """`bench one-batch`'s timing of one prefill step + `decode_steps` decode steps."""
+    run = time_one_batch(engine, prompts, decode_steps)
+    return BatchTiming(run.prefill_s, sum(run.decode_step_s))
 
 
 def run_dtype_bench(cfg: DtypeBenchConfig, log=print) -> dict[str, Any]:
