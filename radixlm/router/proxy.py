@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.router.router import Router
-from radixlm.router.workers import LoadGuard
+from radixlm.router.workers import LoadGuard, Worker
 from radixlm.server.errors import error_body, error_response
 from radixlm.server.http_util import SSE_DONE, SSEResponse, run_until_disconnect
 
@@ -60,40 +61,64 @@ def _passthrough(resp: httpx.Response, content: bytes) -> Response:
                     media_type=resp.headers.get("content-type", "application/json"))
 
 
+@dataclass
+class _Attempts:
+    """The retry loop both proxies share: iterate to get the workers to try, in routing
+    order, each at most once, up to --max-retries retries; report each failure; `final()`
+    is the answer when every try failed (the last 5xx, or a 503 naming the errors)."""
+    router: Router
+    text: str | None
+    errors: list[str] = field(default_factory=list)
+    last_5xx: Response | None = None
+
+    def __iter__(self) -> Iterator[Worker]:
+        tried: set[str] = set()
+        for attempt in range(self.router.args.max_retries + 1):
+            decision = self.router.select(self.text, exclude=tried)
+            if decision is None:
+                return
+            tried.add(decision.worker.url)
+            if attempt:
+                self.router.metrics.retries.inc()
+            yield decision.worker
+
+    def connection_failed(self, worker: Worker, e: httpx.HTTPError) -> Response | None:
+        """None: try the next worker; else the answer to give (a read timeout: the worker
+        may still be computing, so the request is not sent again)."""
+        self.router.worker_failed(worker, f"{type(e).__name__}: {e}", _takes_out(e))
+        self.errors.append(f"{worker.url}: {type(e).__name__}")
+        return None if _is_retryable(e) else error_response(504, f"Worker {worker.url} timed out.")
+
+    def server_error(self, worker: Worker, resp: httpx.Response, content: bytes) -> None:
+        self.router.worker_failed(worker, f"HTTP {resp.status_code}", take_out=False)
+        self.errors.append(f"{worker.url}: HTTP {resp.status_code}")
+        self.last_5xx = _passthrough(resp, content)
+
+    def final(self) -> Response:
+        return self.last_5xx if self.last_5xx is not None else _no_worker(self.errors)
+
+
 async def forward_unary(router: Router, request: Request, method: str, path: str,
                         body: bytes, text: str | None) -> Response:
     """Send `method path` with `body` to a worker chosen for `text` (None: any worker, see
     `Router.select`); retry as above."""
 
     async def attempt_all() -> Response:
-        tried: set[str] = set()
-        errors: list[str] = []
-        last_5xx: Response | None = None
-        for attempt in range(router.args.max_retries + 1):
-            decision = router.select(text, exclude=tried)
-            if decision is None:
-                break
-            worker = decision.worker
-            tried.add(worker.url)
-            if attempt:
-                router.metrics.retries.inc()
+        attempts = _Attempts(router, text)
+        for worker in attempts:
             async with router.registry.guard(worker):
                 try:
                     resp = await router.http().request(method, worker.url + path, content=body,
                                                        headers=forwarded_headers(request))
                 except httpx.HTTPError as e:
-                    router.worker_failed(worker, f"{type(e).__name__}: {e}", _takes_out(e))
-                    errors.append(f"{worker.url}: {type(e).__name__}")
-                    if not _is_retryable(e):
-                        return error_response(504, f"Worker {worker.url} timed out.")
+                    if (answer := attempts.connection_failed(worker, e)) is not None:
+                        return answer
                     continue
             if resp.status_code >= 500:
-                router.worker_failed(worker, f"HTTP {resp.status_code}", take_out=False)
-                errors.append(f"{worker.url}: HTTP {resp.status_code}")
-                last_5xx = _passthrough(resp, resp.content)
+                attempts.server_error(worker, resp, resp.content)
                 continue
             return _passthrough(resp, resp.content)
-        return last_5xx if last_5xx is not None else _no_worker(errors)
+        return attempts.final()
 
     # Cancelled when the client hangs up: the guard is released, the httpx request is
     # closed, and the worker sees the disconnect and aborts the generation.
@@ -103,17 +128,8 @@ async def forward_unary(router: Router, request: Request, method: str, path: str
 async def forward_stream(router: Router, request: Request, path: str, body: bytes,
                          text: str) -> Response:
     """POST a streaming request; pass the worker's SSE stream through."""
-    tried: set[str] = set()
-    errors: list[str] = []
-    last_5xx: Response | None = None
-    for attempt in range(router.args.max_retries + 1):
-        decision = router.select(text, exclude=tried)
-        if decision is None:
-            break
-        worker = decision.worker
-        tried.add(worker.url)
-        if attempt:
-            router.metrics.retries.inc()
+    attempts = _Attempts(router, text)
+    for worker in attempts:
         guard = router.registry.guard(worker).acquire()
         try:
             req = router.http().build_request("POST", worker.url + path, content=body,
@@ -121,10 +137,8 @@ async def forward_stream(router: Router, request: Request, path: str, body: byte
             resp = await router.http().send(req, stream=True)
         except httpx.HTTPError as e:
             guard.release()
-            router.worker_failed(worker, f"{type(e).__name__}: {e}", _takes_out(e))
-            errors.append(f"{worker.url}: {type(e).__name__}")
-            if not _is_retryable(e):
-                return error_response(504, f"Worker {worker.url} timed out.")
+            if (answer := attempts.connection_failed(worker, e)) is not None:
+                return answer
             continue
         except BaseException:
             guard.release()
@@ -139,13 +153,11 @@ async def forward_stream(router: Router, request: Request, path: str, body: byte
                 await resp.aclose()
                 guard.release()
             if resp.status_code >= 500:
-                router.worker_failed(worker, f"HTTP {resp.status_code}", take_out=False)
-                errors.append(f"{worker.url}: HTTP {resp.status_code}")
-                last_5xx = _passthrough(resp, content)
+                attempts.server_error(worker, resp, content)
                 continue
             return _passthrough(resp, content)
         return SSEResponse(_relay(router, resp, guard))
-    return last_5xx if last_5xx is not None else _no_worker(errors)
+    return attempts.final()
 
 
 async def _relay(router: Router, resp: httpx.Response, guard: LoadGuard) -> AsyncIterator[bytes]:
