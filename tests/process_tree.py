@@ -1,9 +1,41 @@
-"""Process-tree checks for the e2e tests: which processes a server started, and whether
-any of them outlives it. Read from /proc; zombies count as gone."""
+"""Server processes in the e2e tests: a free port, waiting until a started server is
+healthy, and process-tree checks (which processes it started, whether any outlives it,
+read from /proc; zombies count as gone)."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float,
+                 log_tail: Callable[[], str], poll_s: float = 0.3) -> None:
+    """Poll `url`/health until it answers 200; fail the test (with the server's log tail)
+    if the process exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode} during start-up:\n{log_tail()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"server not healthy after {timeout_s} s:\n{log_tail()}")
+        time.sleep(poll_s)
 
 
 def _stat(pid: str) -> tuple[str, int] | None:

@@ -97,6 +97,9 @@ class ForwardTask:
     sampling_reqs: list[Req]
     keep: torch.Tensor | None
     rows: torch.Tensor
+    # Each sampling request's seq_len after this forward: the position of the token it
+    # samples (taken at launch: the Req's own lengths move on the scheduler thread).
+    positions: list[int]
 
 
 class ForwardWorker:
@@ -152,12 +155,8 @@ class ForwardWorker:
                 return None
             if task.keep is not None:
                 logits = logits[task.keep]
-            # The sampled token's position is the request's seq_len after this forward
-            # (read from the batch: the Req's own lengths move on the scheduler thread).
-            positions = (fb.seq_lens_cpu if task.keep is None
-                         else [fb.seq_lens_cpu[i] for i in task.keep.tolist()])
             info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device,
-                                               positions=positions)
+                                               positions=task.positions)
             out = self.runner.sample(logits, info)
             self.relay[task.rows] = out.next_token_ids
             _count_penalty_tokens(reqs, out.next_token_ids)

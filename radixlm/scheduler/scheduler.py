@@ -454,7 +454,8 @@ class Scheduler:
             forward_batch=batch.forward_batch, sampling_reqs=sampling,
             keep=None if len(keep) == len(batch.reqs)
             else torch.tensor(keep, dtype=torch.int64, device=dev),
-            rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64, device=dev))
+            rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64, device=dev),
+            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep])
         return LaunchedBatch(batch, sampling, self.worker.launch(task))
 
     def _process(self, done: LaunchedBatch) -> None:

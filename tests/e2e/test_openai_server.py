@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.process_tree import alive, descendants
+from tests.process_tree import alive, descendants, free_port, wait_healthy
 
 
 def _have_default_model() -> bool:
@@ -40,15 +39,9 @@ PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
            "--max-total-tokens", "4096", "--max-running-requests", "8"]
@@ -62,18 +55,7 @@ def server() -> Iterator[str]:
             return f.read()[-4000:]
 
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode} during start-up:\n{log_tail()}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_tail()}")
-            time.sleep(0.5)
+        wait_healthy(proc, url, STARTUP_TIMEOUT_S, log_tail, poll_s=0.5)
         started = descendants(proc.pid)
         yield url
     finally:

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.process_tree import alive, children, cmdline, descendants
+from tests.process_tree import (alive, children, cmdline, descendants, free_port,
+                                wait_healthy)
 
 openai = pytest.importorskip("openai")
 
@@ -29,14 +30,6 @@ pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 300  # six Python processes import torch on a shared 2-core box
 SHARED = " ".join(f"w{i}" for i in range(10, 70))  # a 60-token shared prefix
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -55,7 +48,7 @@ class DP:
 
 @pytest.fixture(scope="module")
 def dp(tiny_llama_dir: str) -> Iterator[DP]:
-    port = _free_port()
+    port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-dp-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "radixlm", "serve", "--model", tiny_llama_dir, "--dp-size", "2",
            "--port", str(port), "--max-total-tokens", "2048", "--max-running-requests", "16",
@@ -63,18 +56,7 @@ def dp(tiny_llama_dir: str) -> Iterator[DP]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     d = DP(f"http://127.0.0.1:{port}", proc, log.name)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"serve --dp-size 2 exited during start-up:\n{d.log_tail()}")
-            try:
-                if httpx.get(d.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"router not healthy after {STARTUP_TIMEOUT_S} s:\n{d.log_tail()}")
-            time.sleep(0.3)
+        wait_healthy(proc, d.url, STARTUP_TIMEOUT_S, d.log_tail)
         yield d
     finally:
         started = descendants(proc.pid)
