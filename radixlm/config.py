@@ -74,6 +74,13 @@ class ServerArgs:
         False, "Run the serial scheduler loop: process each batch's results before building "
         "the next one. By default (overlap) batch N+1 is built and launched on a forward "
         "thread before batch N's results are processed, hiding the CPU scheduling time.")
+    disable_cuda_graph: bool = _opt(
+        False, "Run decode batches eagerly instead of replaying captured CUDA graphs (CUDA "
+        "only; graphs need --attention-backend triton).")
+    cuda_graph_max_bs: int = _opt(
+        160, "Largest decode batch captured as a CUDA graph (capped by "
+        "--max-running-requests); batches are padded to the next captured size (1, 2, 4, 8, "
+        "12, 16, 24, ... in steps of 8), larger ones run eagerly.")
     schedule_policy: str = _opt(
         "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
         "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])

@@ -88,7 +88,7 @@ else
   ONE_BATCH=(--batch-sizes 1 32 128 --prompt-len 512 --decode-steps 16 --repeat 2)
   COMPILE_DTYPES=(bf16 fp32)
   TESTS=(tests/unit/test_triton_attention.py tests/unit/test_triton_compile.py
-         tests/integration/test_triton_engine.py)
+         tests/integration/test_triton_engine.py tests/integration/test_cuda_graph.py)
 fi
 
 # --- 2. the kernels compile for this GPU; the triton backend equals the torch backend
@@ -128,11 +128,16 @@ for m in "${MODELS[@]}"; do
 done
 
 # --- 5. one-batch decode: step time, achieved bandwidth, share of the measured roofline
+# (triton with CUDA graphs -- the default on CUDA --, triton eager, torch).
 for m in "${MODELS[@]}"; do
-  for backend in triton torch; do
-    step "one-batch-$(basename "$m")-$backend" 90 bash -c 'bench "$@"' _ one-batch --model "$m" \
-      --dtype "$DTYPE" "${ONE_BATCH[@]}" "${DEVICE_ARGS[@]}" \
-      --engine-arg attention_backend=$backend --output-file "$BENCH"
+  for variant in triton triton-no-graph torch; do
+    case $variant in
+      triton-no-graph) EARGS=(--engine-arg attention_backend=triton
+                              --engine-arg disable_cuda_graph=true) ;;
+      *) EARGS=(--engine-arg attention_backend=$variant) ;;
+    esac
+    step "one-batch-$(basename "$m")-$variant" 90 bash -c 'bench "$@"' _ one-batch --model "$m" \
+      --dtype "$DTYPE" "${ONE_BATCH[@]}" "${DEVICE_ARGS[@]}" "${EARGS[@]}" --output-file "$BENCH"
   done
 done
 

@@ -66,7 +66,10 @@ def _offline(records: list[dict]) -> str:
 def _one_batch(records: list[dict]) -> str:
     rows = []
     for rec in records:
-        backend = rec.get("config", {}).get("engine_args", {}).get("attention_backend", "auto")
+        engine_args = rec.get("config", {}).get("engine_args", {})
+        backend = engine_args.get("attention_backend", "auto")
+        if engine_args.get("disable_cuda_graph"):
+            backend += " (no CUDA graph)"
         for r in rec.get("results", []):
             rows.append([_model(rec), backend, str(r.get("batch_size")),
                          f"{r.get('decode_step_ms', float('nan')):.2f}",

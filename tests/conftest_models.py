@@ -1,8 +1,9 @@
 """Test helpers for models: drive a model through the real pools, like the scheduler does.
 
 `PoolHarness` owns a ReqToTokenPool, a TokenToKVPool, a KVSlotAllocator and the torch
-attention backend; `extend` / `decode` build the ForwardBatch of one pass (slot
-allocation, req_to_token rows, positions, logits_indices) and run the model.
+attention backend (or shares a ModelRunner's: `on_runner`); `batch` builds the ForwardBatch
+of one pass (slot allocation, req_to_token rows, positions, logits_indices), `extend` /
+`decode` build and run it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ class PoolHarness:
         self.backend = TorchAttentionBackend()
         self.seq_lens: dict[int, int] = {}  # req_to_token row -> tokens with K/V in the pool
 
+    @classmethod
+    def on_runner(cls, runner) -> "PoolHarness":
+        """A harness over a ModelRunner's own pools, allocator and attention backend."""
+        h = cls.__new__(cls)
+        h.model = runner.model
+        h.req_to_token_pool = runner.req_to_token_pool
+        h.token_to_kv_pool = runner.token_to_kv_pool
+        h.allocator = runner.allocator
+        h.backend = runner.attn_backend
+        h.seq_lens = {}
+        return h
+
     def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:
         """A fresh req_to_token row; optionally reusing the first `prefix_len` KV slots of
         another request (what a radix-cache hit does)."""
@@ -45,8 +58,8 @@ class PoolHarness:
             self.seq_lens[row] = prefix_len
         return row
 
-    def _batch(self, mode: ForwardMode, rows: list[int], token_lists: list[list[int]],
-               all_logits: bool) -> ForwardBatch:
+    def batch(self, mode: ForwardMode, rows: list[int], token_lists: list[list[int]],
+              all_logits: bool = False) -> ForwardBatch:
         prefix_lens = [self.seq_lens[r] for r in rows]
         ext_lens = [len(t) for t in token_lists]
         out_locs, positions = [], []
@@ -56,19 +69,21 @@ class PoolHarness:
             # Positions prefix .. prefix + ext - 1 of this request live in `slots`.
             self.req_to_token_pool.write(row, prefix, slots)
             out_locs.append(slots)
-            positions.append(torch.arange(prefix, prefix + len(toks)))
+            positions.append(torch.arange(prefix, prefix + len(toks), device=slots.device))
             self.seq_lens[row] = prefix + len(toks)
         seq_lens = [p + e for p, e in zip(prefix_lens, ext_lens)]
         total = sum(ext_lens)
         # Last token of request i sits at flat index cumsum(ext_lens)[i] - 1.
+        dev = self.req_to_token_pool.device
         logits_indices = (torch.arange(total) if all_logits
-                          else torch.tensor(ext_lens).cumsum(0) - 1)
+                          else torch.tensor(ext_lens).cumsum(0) - 1).to(dev)
         fb = ForwardBatch(
             forward_mode=mode, batch_size=len(rows),
-            input_ids=torch.tensor([t for toks in token_lists for t in toks], dtype=torch.int64),
+            input_ids=torch.tensor([t for toks in token_lists for t in toks], dtype=torch.int64,
+                                   device=dev),
             positions=torch.cat(positions).to(torch.int64),
-            req_pool_indices=torch.tensor(rows, dtype=torch.int64),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
             out_cache_loc=torch.cat(out_locs).to(torch.int64),
             logits_indices=logits_indices.to(torch.int64),
             seq_lens_cpu=seq_lens,
@@ -85,12 +100,12 @@ class PoolHarness:
     def extend(self, rows: list[int], token_lists: list[list[int]],
                all_logits: bool = False) -> torch.Tensor:
         """One EXTEND pass: logits [T, V] if all_logits else [B, V] (last tokens)."""
-        return self.model(self._batch(ForwardMode.EXTEND, rows, token_lists, all_logits))
+        return self.model(self.batch(ForwardMode.EXTEND, rows, token_lists, all_logits))
 
     @torch.no_grad()
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
         """One DECODE pass, one new token per request: logits [B, V]."""
-        return self.model(self._batch(ForwardMode.DECODE, rows, [[t] for t in tokens], False))
+        return self.model(self.batch(ForwardMode.DECODE, rows, [[t] for t in tokens], False))
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int,
                stop_ids: list[int]) -> list[list[int]]:

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    # Decode metadata computed on the device from the batch's tensors alone (no host
+    # values, shapes fixed by the batch size): what a CUDA-graph capture needs.
+    supports_cuda_graph: bool = False
+
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Precompute per-pass metadata (index tensors, masks) shared by all layers."""
 

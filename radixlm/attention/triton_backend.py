@@ -57,6 +57,9 @@ class _ExtendMetadata:
 
 
 class TritonAttentionBackend(AttentionBackend):
+    # Decode: num_kv_splits comes from seq_lens on the device, the grid from the batch size.
+    supports_cuda_graph = True
+
     def __init__(self, device: torch.device, config: TritonAttentionConfig | None = None) -> None:
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("the triton attention backend runs on the CPU only under "

@@ -5,7 +5,8 @@ activations, from the measured weight bytes and the device's memory) and allocat
 what it says: `token_to_kv_pool` of `plan.kv_tokens` slots (--max-total-tokens is a cap)
 and `req_to_token_pool` of `plan.max_running_requests` rows. A plan that cannot work
 refuses the start (`MemoryPlanError`, with the flag to change). It turns a ForwardBatch
-into logits and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
+into logits (on CUDA, decode batches replay CUDA graphs captured at start:
+`cuda_graph_runner.py`) and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
 activation budget (`activation_guard`), which the scheduler checks before it launches a
 batch (`scheduler/oom_recovery.py`).
 """
@@ -20,6 +21,7 @@ import torch
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
+from radixlm.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from radixlm.executor.forward_batch import ForwardBatch
 from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
@@ -130,6 +132,27 @@ class ModelRunner:
         # torch.OutOfMemoryError by itself).
         self.activation_guard = (ActivationGuard(self.plan.activation, self.plan.activation_headroom)
                                  if self.device.type == "cpu" else None)
+        self.cuda_graph_runner = self._cuda_graphs(args)
+
+    def _cuda_graphs(self, args: ServerArgs) -> CudaGraphRunner | None:
+        """Capture the decode graphs (CUDA only; executor/cuda_graph_runner.py), or say
+        why not."""
+        if self.device.type != "cuda" or args.disable_cuda_graph:
+            return None
+        if not self.attn_backend.supports_cuda_graph:
+            logger.info("CUDA graphs off: the %s attention backend does not support them "
+                        "(--attention-backend triton does)", type(self.attn_backend).__name__)
+            return None
+        max_bs = min(args.cuda_graph_max_bs, self.max_running_requests)
+        try:
+            return CudaGraphRunner(self, capture_batch_sizes(max_bs))
+        except torch.OutOfMemoryError as e:
+            raise MemoryPlanError(
+                f"out of memory capturing the decode CUDA graphs (batches up to {max_bs}; "
+                f"they take one decode step's activations from the activation pool of "
+                f"{self.plan.activation_headroom / 2**20:.0f} MiB): {e}. Fix: lower "
+                f"--cuda-graph-max-bs, or lower --mem-fraction-static, or "
+                f"--disable-cuda-graph") from None
 
     def _plan(self, args: ServerArgs, cap: int | None) -> MemoryPlan:
         """The three pools from the loaded weights and the device; log them; refuse to go
@@ -167,8 +190,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """The batch's logits: a captured CUDA graph's replay for the decode batches it
+        covers, else the eager forward."""
         if self.device.index is not None and self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the forward thread's current device
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(fb):
+            return graphs.replay(fb)
+        return self.run_model(fb)
+
+    @torch.inference_mode()
+    def run_model(self, fb: ForwardBatch) -> torch.Tensor:
+        """The eager forward (also what the CUDA graphs capture)."""
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
         return self.model(fb)

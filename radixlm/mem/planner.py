@@ -8,7 +8,7 @@ weights are loaded (CUDA: free memory; CPU: see device_memory.py), f = --mem-fra
     static budget      = A - M * (1 - f)            (SGLang's rule: weights + KV <= f * M
                                                      when A = M - W)
     bytes per token    = 2 (K and V) * kv_heads * head_dim * layers * kv dtype bytes
-    req_to_token       = max_running_requests * context_len * 4 (int32)
+    req_to_token       = (max_running_requests + 1 dummy row) * context_len * 4 (int32)
     KV tokens          = floor((static budget - req_to_token) / bytes per token),
                          capped at --max-total-tokens, rounded down to whole pages
     activation pool    = A - KV bytes - req_to_token  (= M * (1 - f) unless capped)
@@ -219,14 +219,14 @@ def plan_memory(*, cfg: ModelConfig, weight_bytes: int, device: DeviceMemory, ac
         rows = max(1, min(ceiling, kv0 // page_size, fit))
         rows_rule = (f"derived: min(ceiling {ceiling}, KV pages {kv0 // page_size}, "
                      f"decode batch that fits the activation pool {fit})")
-    req_to_token = rows * context_len * 4
+    req_to_token = (rows + 1) * context_len * 4  # + the dummy row
     from_memory, kv_tokens = kv_tokens_for(req_to_token)
     limited_by = ("--max-total-tokens" if max_total_tokens is not None
                   and max_total_tokens < from_memory else "memory")
     headroom = avail - kv_tokens * bpt - req_to_token
     if max_running_requests is None:  # req_to_token may have taken from the activations
         rows = max(1, min(rows, act.max_decode_batch_within(headroom, context_len, rows)))
-        req_to_token = rows * context_len * 4
+        req_to_token = (rows + 1) * context_len * 4
     plan = MemoryPlan(
         device_kind=device.kind, device_total=total, available_after_weights=avail,
         device_source=device.source, weight_bytes=weight_bytes, mem_fraction_static=f,

@@ -4,6 +4,10 @@
 request in row `r`. Only positions `< seq_len` of a live request are meaningful; the
 rest is stale. Rows are handed out from a free list; a row is reused as soon as it is
 freed, so readers must go through the request's own `req_pool_idx`.
+
+Row `dummy_row` (== size, one past the rows handed out) is never allocated and stays all
+zeros, i.e. every position points at the dummy KV slot 0: the padding rows of a CUDA-graph
+decode batch read through it (executor/cuda_graph_runner.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = torch.device(device)
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=self.device)
+        # size real rows + the dummy row.
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32,
+                                        device=self.device)
+        self.dummy_row = size
         self.free_rows: list[int] = list(range(size))
 
     def available_size(self) -> int:

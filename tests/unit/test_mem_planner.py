@@ -40,9 +40,10 @@ def test_gqa_kv_pool_by_hand():
     # Llama-3-8B: 8 KV heads x 128 dims x 32 layers x K,V x 2 bytes = 131072 B per token.
     p = plan(llama("llama-3-8b"))
     assert p.kv_bytes_per_token == 2 * 8 * 128 * 32 * 2 == 131072
-    # static budget = (80 - 16) GiB - 80 GiB * 0.1 = 56 GiB; req_to_token = 100 * 8192 * 4.
-    assert p.req_to_token_bytes == 3_276_800
-    assert p.kv_tokens == (56 * GiB - 3_276_800) // 131072 == 458_727
+    # static budget = (80 - 16) GiB - 80 GiB * 0.1 = 56 GiB; req_to_token = (100 rows + the
+    # dummy row) * 8192 * 4.
+    assert p.req_to_token_bytes == 3_309_568
+    assert p.kv_tokens == (56 * GiB - 3_309_568) // 131072 == 458_726
     assert p.kv_limited_by == "memory"
     # Activations: what is left = 80 GiB * 0.1 up to the rounding of the last token.
     assert 8 * GiB <= p.activation_headroom < 8 * GiB + 131072
@@ -53,7 +54,7 @@ def test_tensor_parallel_splits_kv_heads():
     cfg = llama("llama-3-8b")
     p4 = plan(cfg, tp_size=4)
     assert p4.kv_bytes_per_token == 2 * 2 * 128 * 32 * 2  # 8 KV heads / 4 ranks
-    assert p4.kv_tokens == (56 * GiB - 3_276_800) // 32768
+    assert p4.kv_tokens == (56 * GiB - 3_309_568) // 32768
     # More ranks than KV heads: each rank keeps one (replicated) head.
     p16 = plan(cfg, tp_size=16)
     assert p16.kv_bytes_per_token == 2 * 1 * 128 * 32 * 2
@@ -63,15 +64,15 @@ def test_tensor_parallel_splits_kv_heads():
 
 def test_page_size_rounds_down_to_whole_pages():
     p = plan(llama("llama-3-8b"), page_size=16)
-    assert p.kv_tokens == 458_727 // 16 * 16 == 458_720
+    assert p.kv_tokens == 458_726 // 16 * 16 == 458_720
 
 
 def test_max_total_tokens_is_a_cap():
     p = plan(llama("llama-3-8b"), max_total_tokens=1000)
-    assert p.kv_tokens == 1000 and p.kv_tokens_from_memory == 458_727
+    assert p.kv_tokens == 1000 and p.kv_tokens_from_memory == 458_726
     assert p.kv_limited_by == "--max-total-tokens"
     # The memory the cap leaves goes to the activations.
-    assert p.activation_headroom == 64 * GiB - 1000 * 131072 - 3_276_800
+    assert p.activation_headroom == 64 * GiB - 1000 * 131072 - 3_309_568
 
 
 def test_weights_from_architecture_match_published_sizes():

@@ -1,0 +1,208 @@
+"""CudaGraphRunner: decode forwards replayed from captured CUDA graphs.
+
+A decode step of a small model launches hundreds of kernels whose launch overhead
+dominates on a fast GPU. At start-up the runner captures the model's decode forward once
+per batch size in `batch_sizes` (`capture_batch_sizes`, up to --cuda-graph-max-bs) and
+afterwards a decode batch of B requests replays the graph of the smallest captured size
+P >= B instead of launching the kernels one by one.
+
+Static buffers. A graph reads and writes fixed addresses, so every input lives in one
+buffer of max(batch_sizes) rows that all graphs share (graph P reads rows [0, P)); a replay
+copies the batch into rows [0, B) and fills the padding rows [B, P) with a dummy request:
+
+    input_ids 0, positions 0, seq_lens 1, req_pool_indices = req_to_token_pool.dummy_row
+    (all zeros: position 0 -> KV slot 0), out_cache_loc 0 (the dummy slot, never handed out)
+
+so a padding row writes its K/V into slot 0 and attends to slot 0 only: it never touches a
+real request's slots and its logits (rows [B, P) of the output) are dropped. The output
+is graph P's own static logits tensor: `replay` returns a view of its first B rows, valid
+until the next replay (the next forward runs after this one's sampling, on the same
+stream, so nothing overwrites it early).
+
+Which batches: DECODE only (prefills vary in token count), B <= max(batch_sizes), and an
+attention backend whose decode metadata is computed on the device from the static
+buffers (`AttentionBackend.supports_cuda_graph`: triton, not torch, whose decode shapes
+follow the longest sequence). Everything else runs eagerly.
+
+The capture itself is behind `GraphFactory`: `CudaGraph` on CUDA; the CPU tests use
+`EagerReplayGraph`, which re-runs the forward on the same static buffers at each replay,
+so the padding, the buffers and the backend's metadata are checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import torch
+
+from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, 12, 16, 24, 32, 40, ... (steps of 8), up to and including max_bs.
+
+    Fine steps at small sizes, where padding costs most in relative terms; a batch of B
+    pads to the next size, at most 7 rows above 16 (SGLang uses a similar ladder).
+    """
+    if max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs must be at least 1, got {max_bs}")
+    ladder = [1, 2, 4, 8, 12] + list(range(16, max_bs + 1, 8))
+    sizes = sorted({s for s in ladder if s <= max_bs} | {max_bs})
+    return sizes
+
+
+class Graph(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Record fn (reading only the static buffers); return its output tensor, which
+        every replay overwrites in place."""
+
+    def replay(self) -> None: ...
+
+
+GraphFactory = Callable[[], Graph]
+
+
+class CudaGraph:
+    """torch.cuda.CUDAGraph; all graphs of a runner share one memory pool (their
+    activations never live at the same time)."""
+
+    def __init__(self, pool) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EagerReplayGraph:
+    """The CPU stand-in for tests: `replay` runs the recorded forward again and copies its
+    result into the captured output, exactly the contract of a CUDA graph replay."""
+
+    def __init__(self) -> None:
+        self.fn: Callable[[], torch.Tensor] | None = None
+        self.out: torch.Tensor | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self.fn = fn
+        self.out = fn()
+        return self.out
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
+
+
+def cuda_graph_factory() -> GraphFactory:
+    pool = torch.cuda.graph_pool_handle()
+    return lambda: CudaGraph(pool)
+
+
+@dataclass
+class _StaticInputs:
+    """The decode inputs of the largest captured batch; graph P reads rows [0, P)."""
+    input_ids: torch.Tensor  # [max_bs] int64
+    positions: torch.Tensor  # [max_bs] int64
+    req_pool_indices: torch.Tensor  # [max_bs] int64
+    seq_lens: torch.Tensor  # [max_bs] int64
+    out_cache_loc: torch.Tensor  # [max_bs] int64
+    logits_indices: torch.Tensor  # [max_bs] int64, arange: one token per request
+
+
+class CudaGraphRunner:
+    def __init__(self, runner: "ModelRunner", batch_sizes: list[int],
+                 graph_factory: GraphFactory | None = None) -> None:
+        self.runner = runner
+        self.batch_sizes = sorted(set(batch_sizes))
+        self.max_bs = self.batch_sizes[-1]
+        self.dummy_row = runner.req_to_token_pool.dummy_row
+        dev = runner.device
+        zeros = lambda: torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.static = _StaticInputs(
+            input_ids=zeros(), positions=zeros(),
+            req_pool_indices=torch.full((self.max_bs,), self.dummy_row, dtype=torch.int64,
+                                        device=dev),
+            seq_lens=torch.ones(self.max_bs, dtype=torch.int64, device=dev),
+            out_cache_loc=zeros(), logits_indices=torch.arange(self.max_bs, device=dev))
+        self.graphs: dict[int, Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        self.padded_rows = 0  # padding rows computed over all replays
+        self._capture(graph_factory or cuda_graph_factory())
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        """A ForwardBatch over rows [0, bs) of the static buffers. seq_lens_cpu is a
+        placeholder (the graph-capable backends never read it in decode)."""
+        s = self.static
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=s.input_ids[:bs],
+            positions=s.positions[:bs], req_pool_indices=s.req_pool_indices[:bs],
+            seq_lens=s.seq_lens[:bs], out_cache_loc=s.out_cache_loc[:bs],
+            logits_indices=s.logits_indices[:bs], seq_lens_cpu=[1] * bs,
+            req_to_token_pool=self.runner.req_to_token_pool,
+            token_to_kv_pool=self.runner.token_to_kv_pool)
+
+    @torch.inference_mode()
+    def _capture(self, factory: GraphFactory) -> None:
+        """Largest size first, so the shared memory pool is sized by the largest graph and
+        the smaller ones fit in what it already holds. The static buffers hold the dummy
+        request in every row during capture: the warm-up and captured runs write K/V only
+        into slot 0."""
+        t0 = time.perf_counter()
+        run = self.runner.run_model
+        for bs in reversed(self.batch_sizes):
+            fb = self._static_batch(bs)
+            run(fb)  # warm-up: triton autotuning/compilation, cuBLAS workspaces
+            if self.runner.device.type == "cuda":
+                torch.cuda.synchronize(self.runner.device)
+            graph = factory()
+            self.outputs[bs] = graph.capture(lambda fb=fb: run(fb))
+            self.graphs[bs] = graph
+        logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
+                    len(self.graphs), _ranges(self.batch_sizes), time.perf_counter() - t0)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.forward_mode is ForwardMode.DECODE and fb.batch_size <= self.max_bs
+
+    def padded_size(self, bs: int) -> int:
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+
+    @torch.inference_mode()
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """The logits [B, vocab] of a decode batch (a view of the graph's output)."""
+        bs = fb.batch_size
+        size = self.padded_size(bs)
+        s = self.static
+        s.input_ids[:bs].copy_(fb.input_ids)
+        s.positions[:bs].copy_(fb.positions)
+        s.req_pool_indices[:bs].copy_(fb.req_pool_indices)
+        s.seq_lens[:bs].copy_(fb.seq_lens)
+        s.out_cache_loc[:bs].copy_(fb.out_cache_loc)
+        if size > bs:
+            # A larger earlier batch left real rows here: reset them to the dummy request.
+            s.input_ids[bs:size].zero_()
+            s.positions[bs:size].zero_()
+            s.req_pool_indices[bs:size].fill_(self.dummy_row)
+            s.seq_lens[bs:size].fill_(1)
+            s.out_cache_loc[bs:size].zero_()
+        self.graphs[size].replay()
+        self.replays += 1
+        self.padded_rows += size - bs
+        return self.outputs[size][:bs]
+
+
+def _ranges(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes)) if len(sizes) <= 8 else \
+        f"{', '.join(map(str, sizes[:5]))}, ..., {sizes[-1]}"
