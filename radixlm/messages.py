@@ -148,6 +148,8 @@ class SchedulerReady:
     # The MemoryPlan the pools were allocated from (radixlm.mem.planner; /get_server_info
     # and /metrics show it). None from engines that do not plan.
     memory_plan: Any = None
+    # Decode batch sizes replayed from CUDA graphs (None: graphs off).
+    cuda_graph_batch_sizes: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -185,6 +185,10 @@ class ModelRunner:
         return plan
 
     @property
+    def cuda_graph_batch_sizes(self) -> list[int] | None:
+        return self.cuda_graph_runner.batch_sizes if self.cuda_graph_runner else None
+
+    @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 

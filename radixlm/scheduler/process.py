@@ -70,7 +70,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     control.send(dumps(SchedulerReady(max_total_tokens=runner.max_total_tokens,
                                       max_running_requests=runner.max_running_requests,
                                       context_len=sched.context_len, vocab_size=runner.vocab_size,
-                                      memory_plan=runner.plan)))
+                                      memory_plan=runner.plan,
+                                      cuda_graph_batch_sizes=runner.cuda_graph_batch_sizes)))
     parent = os.getppid()
 
     def collect(has_work: bool) -> StepInputs:

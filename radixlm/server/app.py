@@ -134,7 +134,8 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         """Server args, the memory plan (three pools) and the live pool state."""
         stats = await tm.pool_stats()
         return JSONResponse(get_server_info_body(args, model_name, tm.context_len,
-                                                 tm.max_running_requests, tm.memory_plan, stats))
+                                                 tm.max_running_requests, tm.memory_plan, stats,
+                                                 tm.cuda_graph_batch_sizes))
 
     metrics = EngineMetrics(model_name)
 

@@ -114,6 +114,7 @@ def launch_server(args: ServerArgs) -> None:
         tm = TokenizerManager(args, tokenizer, endpoints, ready.context_len, ready.vocab_size)
         tm.memory_plan = ready.memory_plan
         tm.max_running_requests = ready.max_running_requests
+        tm.cuda_graph_batch_sizes = ready.cuda_graph_batch_sizes
         name = args.served_model_name or os.path.basename(model_path.rstrip("/"))
         app = create_app(tm, args, name)
 

@@ -53,11 +53,13 @@ class TokenizerManager:
         self.vocab_size = vocab_size
         # The launcher flips this to False when a child process dies; /health then 503s.
         self.healthy = True
-        # Set by the launcher from SchedulerReady: the scheduler's MemoryPlan and its
-        # --max-running-requests (derived by the plan when not given); shown by
+        # Set by the launcher from SchedulerReady: the scheduler's MemoryPlan, its
+        # --max-running-requests (derived by the plan when not given) and the batch sizes
+        # it captured as CUDA graphs; shown by
         # /get_server_info and /metrics.
         self.memory_plan: Any = None
         self.max_running_requests: int | None = args.max_running_requests
+        self.cuda_graph_batch_sizes: list[int] | None = None
         # Totals over finished requests (Prometheus counters, radixlm/server/metrics.py).
         self.requests_finished_total = 0
         self.prompt_tokens_total = 0

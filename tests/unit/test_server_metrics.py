@@ -34,6 +34,7 @@ def test_metrics_and_server_info():
     plan = plan_8b()
     with fake_stack(api_key="k", model_name="tiny") as stack:
         stack.tokenizer_manager.memory_plan = plan
+        stack.tokenizer_manager.cuda_graph_batch_sizes = [1, 2, 4]
         with TestClient(stack.app) as client:
             h = {"Authorization": "Bearer k"}
             r = client.post("/v1/completions", headers=h,
@@ -55,6 +56,7 @@ def test_metrics_and_server_info():
             assert info["memory_plan"]["kv_tokens"] == plan.kv_tokens
             assert info["memory_plan"]["mem_fraction_static"] == 0.9
             assert info["pool"]["total_kv_slots"] == 1024
+            assert info["cuda_graph_batch_sizes"] == [1, 2, 4]
             assert client.get("/server_info", headers=h).status_code == 200
 
 
