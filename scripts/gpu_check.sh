@@ -88,7 +88,8 @@ else
   ONE_BATCH=(--batch-sizes 1 32 128 --prompt-len 512 --decode-steps 16 --repeat 2)
   COMPILE_DTYPES=(bf16 fp32)
   TESTS=(tests/unit/test_triton_attention.py tests/unit/test_triton_compile.py
-         tests/integration/test_triton_engine.py tests/integration/test_cuda_graph.py)
+         tests/integration/test_triton_engine.py tests/integration/test_cuda_graph.py
+         tests/unit/test_cuda_streams.py tests/unit/test_cuda_overlap.py)
 fi
 
 # --- 2. the kernels compile for this GPU; the triton backend equals the torch backend

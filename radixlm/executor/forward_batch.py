@@ -1,6 +1,9 @@
-"""ForwardBatch: the device-side description of one forward pass.
+"""ForwardBatch: the description of one forward pass.
 
-Built by `ScheduleBatch.to_forward_batch()`; read by the model and the attention backend.
+Built by `ScheduleBatch.prepare_for_extend/decode` with host tensors (except
+out_cache_loc); the forward worker puts them on the device at launch
+(`executor/cuda_streams.py`: on CUDA an async upload on a copy stream; on the CPU they are
+used as built). Read by the model and the attention backend.
 Tokens of all requests are packed in one flat dimension T (no padding):
 
     EXTEND: request i contributes extend_seq_lens[i] new tokens at positions

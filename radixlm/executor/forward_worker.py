@@ -19,70 +19,39 @@ the scheduler recycles while task N runs is only written again by a task launche
 The scheduler must still not rewrite a req_to_token row that a launched-but-unfinished
 task reads (see `scheduler.py`, "Lag").
 
-Timing (`StepTimer`): the worker records when each forward starts and ends; the gap between
-the end of one forward and the start of the next, while the scheduler had work all along,
-is the *bubble*: the device waiting for the CPU.
+Devices (`cuda_streams.py`, `make_streams`): on the CPU a task's tensors are used where
+the scheduler built them. On CUDA the task runs on a dedicated forward stream; the
+scheduler builds its inputs as host tensors, `launch` uploads them on a copy stream
+(pinned, non_blocking) and the forward stream waits for them on the device; the sampled
+tokens come back in a pinned host tensor, and `wait` returns once they are there. So the
+scheduler thread never waits for a running forward except in `wait`, one step late.
+
+Timing (`step_timer.py`, `StepTimer`): the start and end of each task -- on the host clock
+on the CPU, from CUDA events on the forward stream on CUDA; the gap between the end of one
+forward and the start of the next, while the scheduler had work all along, is the
+*bubble*: the device waiting for the CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-
+from dataclasses import dataclass
 import torch
 
+from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
 from radixlm.executor.forward_batch import ForwardBatch
 from radixlm.executor.forward_split import halves
 from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo
+from radixlm.executor.step_timer import StepTimer
 from radixlm.mem.oom import BatchShape, diagnose_oom, is_out_of_memory
 from radixlm.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class StepTimer:
-    """Cumulative timing of a busy scheduler (seconds). Idle periods (no work at all) are
-    not counted: `mark_idle` forgets the last forward's end, so the next gap starts fresh."""
-    forwards: int = 0
-    forward_s: float = 0.0  # device busy: forward + sampling of every batch
-    bubble_s: float = 0.0  # device idle between two forwards while work was pending
-    schedule_s: float = 0.0  # scheduler thread CPU work per step (not waiting on results)
-    oom_splits: int = 0  # forwards re-run in halves after running out of memory
-    last_end: float | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def forward_started(self) -> float:
-        now = time.perf_counter()
-        with self.lock:
-            if self.last_end is not None:
-                self.bubble_s += now - self.last_end
-        return now
-
-    def forward_ended(self, started: float) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            self.forwards += 1
-            self.forward_s += now - started
-            self.last_end = now
-
-    def mark_idle(self) -> None:
-        with self.lock:
-            self.last_end = None
-
-    @property
-    def bubble_share(self) -> float:
-        """Bubble / (forward + bubble): the share of the busy device timeline lost waiting."""
-        busy = self.forward_s + self.bubble_s
-        return self.bubble_s / busy if busy > 0 else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"forwards": self.forwards, "forward_s": self.forward_s,
-                "bubble_s": self.bubble_s, "schedule_s": self.schedule_s,
-                "bubble_share": self.bubble_share, "oom_splits": self.oom_splits}
+__all__ = ["ForwardTask", "ForwardWorker", "InFlight", "StepTimer", "batch_shape"]
 
 
 @dataclass
@@ -100,6 +69,16 @@ class ForwardTask:
     # Each sampling request's seq_len after this forward: the position of the token it
     # samples (taken at launch: the Req's own lengths move on the scheduler thread).
     positions: list[int]
+    # Built by `launch` when the streams stage it with the batch (CUDA, no penalties);
+    # otherwise on the forward thread, in order after the previous task's penalty counts.
+    sampling_info: SamplingBatchInfo | None = None
+
+
+@dataclass
+class InFlight:
+    """A launched task: its future (the SampleOutput) and its streams' sync token."""
+    future: Future
+    sync: CudaTaskSync | None  # None on the CPU
 
 
 class ForwardWorker:
@@ -112,28 +91,44 @@ class ForwardWorker:
         # reads them from here on the forward thread (ForwardBatch.future_*).
         self.relay = torch.zeros(runner.req_to_token_pool.size + 1, dtype=torch.int64,
                                  device=runner.device)
+        self.streams = make_streams(runner.device)
         self._pool = None if inline else ThreadPoolExecutor(1, thread_name_prefix="forward")
         # Seconds the scheduler thread spent blocked on forwards: running them (inline) or
         # waiting for their results; the rest of a step is scheduling CPU time.
         self.blocked_s = 0.0
 
-    def launch(self, task: ForwardTask) -> Future:
+    def launch(self, task: ForwardTask) -> InFlight:
+        """Scheduler thread. Everything the scheduler wrote for the task (pools, slots) is
+        ordered before it; on CUDA its host inputs are uploaded here, asynchronously."""
+        reqs, info = task.sampling_reqs, task.sampling_info
+        if (info is None and self.streams.sampling_info_at_launch and reqs
+                and not any(r.uses_penalties for r in reqs)):
+            # Host tensors, staged with the batch: no device sync on the forward thread.
+            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
+                                               torch.device("cpu"), positions=task.positions)
+        (fb, info, keep, rows), sync = self.streams.stage(
+            [task.forward_batch, info, task.keep, task.rows], gap_counts=self.timer.launched())
+        task = dataclasses.replace(task, forward_batch=fb, sampling_info=info, keep=keep,
+                                   rows=rows)
         if self._pool is not None:
-            return self._pool.submit(self._run, task)
+            return InFlight(self._pool.submit(self._run, task, sync), sync)
         fut: Future = Future()
         t0 = time.perf_counter()
         try:
-            fut.set_result(self._run(task))
+            fut.set_result(self._run(task, sync))
         except BaseException as e:  # surfaced by fut.result(), as the thread would
             fut.set_exception(e)
         self.blocked_s += time.perf_counter() - t0
-        return fut
+        return InFlight(fut, sync)
 
-    def wait(self, fut: Future) -> SampleOutput | None:
-        """The batch's sampled tokens (re-raises the forward's exception)."""
+    def wait(self, launched: InFlight) -> SampleOutput | None:
+        """The batch's sampled tokens, on the host (re-raises the forward's exception).
+        On CUDA this is where the scheduler thread waits for the device."""
         t0 = time.perf_counter()
         try:
-            return fut.result()
+            out = launched.future.result()
+            self.streams.finish(launched.sync, self.timer)
+            return out
         finally:
             self.blocked_s += time.perf_counter() - t0
 
@@ -142,10 +137,9 @@ class ForwardWorker:
             self._pool.shutdown(wait=True)
 
     @torch.inference_mode()
-    def _run(self, task: ForwardTask) -> SampleOutput | None:
+    def _run(self, task: ForwardTask, sync: CudaTaskSync | None) -> SampleOutput | None:
         fb = task.forward_batch
-        started = self.timer.forward_started()
-        try:
+        with self.streams.running(sync, self.timer):
             if fb.future_token_idx is not None:
                 # Inputs whose tokens were still being sampled when this batch was built.
                 fb.input_ids[fb.future_token_idx] = self.relay[fb.future_token_rows]
@@ -155,15 +149,14 @@ class ForwardWorker:
                 return None
             if task.keep is not None:
                 logits = logits[task.keep]
-            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device,
-                                               positions=task.positions)
+            info = task.sampling_info
+            if info is None:
+                info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
+                                                   self.runner.device, positions=task.positions)
             out = self.runner.sample(logits, info)
             self.relay[task.rows] = out.next_token_ids
             _count_penalty_tokens(reqs, out.next_token_ids)
-            return out
-        finally:
-            self.timer.forward_ended(started)
-
+            return SampleOutput(self.streams.to_host(out.next_token_ids), out.logprobs)
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         """The batch's logits. Out of memory (a CUDA OOM, a failed host allocation): run it
@@ -203,6 +196,8 @@ def _count_penalty_tokens(reqs: list[Req], next_ids: torch.Tensor) -> None:
     that request's counts again."""
     for i, req in enumerate(reqs):
         if req.output_counts is not None:
-            tok = next_ids[i]
+            # A 1-element index, not next_ids[i]: a 0-dim index tensor is read on the host
+            # (a device sync on CUDA); a 1-D one stays an index op on the device.
+            tok = next_ids[i:i + 1]
             req.output_counts[tok] += 1
             req.seen_mask[tok] = True

@@ -90,7 +90,9 @@ class SamplingBatchInfo:
 
 @dataclass
 class SampleOutput:
-    next_token_ids: torch.Tensor  # [B] int64
+    # [B] int64: on the sampling device; on CUDA the forward worker hands the scheduler a
+    # pinned host copy, complete once ForwardWorker.wait returned (executor/cuda_streams.py).
+    next_token_ids: torch.Tensor
     logprobs: list[TokenLogprob | None]
 
 

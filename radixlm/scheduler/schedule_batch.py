@@ -1,7 +1,7 @@
 """ScheduleBatch: the requests of one step, their KV allocation, and the ForwardBatch.
 
 `prepare_for_extend` / `prepare_for_decode` allocate the KV slots this step writes,
-record them in req_to_token, and build the device tensors. They mutate the pools and
+record them in req_to_token, and build the ForwardBatch. They mutate the pools and
 each Req's `req_pool_idx`; they do not advance `kv_len` (that happens once the forward
 is launched, in `commit_kv`).
 
@@ -9,6 +9,16 @@ Slots come from the `KVSlotAllocator` in pages (`--page-size`, 1 by default): po
 of a request lives at offset i % page_size of its (i // page_size)-th page, so a step takes
 a fresh page only for page-aligned positions; the others continue the request's partly
 filled last page (the allocator reads the slot of the previous position from req_to_token).
+
+Host and device (see executor/cuda_streams.py): the ForwardBatch is built from HOST
+tensors -- every input derived from the requests' Python lists (input_ids, positions,
+req_pool_indices, seq_lens, logits_indices, the future fields) is a CPU tensor computed on
+the CPU -- except out_cache_loc, the allocator's slots on the device. The forward worker
+uploads the host tensors at launch (on CUDA: pinned, on a copy stream). The pool
+bookkeeping done here (allocation, req_to_token writes) is device work on the scheduler
+thread's own stream and takes device copies of the index tensors it needs (`_dev`). On
+the CPU host and device are one: `_dev` is the identity and every tensor is built exactly
+as the forward reads it.
 
 A MIXED batch (`--enable-mixed-chunk`) is an EXTEND batch whose last `num_mixed_decodes`
 requests are running requests riding along: each is an extend of exactly one token (its
@@ -64,9 +74,15 @@ class ScheduleBatch:
         if short > 0:
             self.tree_cache.evict(short)
 
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` on the pools' device, for the bookkeeping done here (the identity on the CPU;
+        on CUDA a small copy on the scheduler thread's stream, which no forward holds up)."""
+        return t.to(self.device)
+
     def _last_slots(self, rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
         """The slot of position prefix_len - 1 of each row: where a partly filled last page
-        continues (meaningless, and unused by the allocator, where prefix_len is page-aligned)."""
+        continues (meaningless, and unused by the allocator, where prefix_len is page-aligned).
+        Device tensors in and out."""
         prev = (prefix_lens - 1).clamp(min=0)
         return self.req_to_token_pool.req_to_token[rows, prev].to(torch.int64)
 
@@ -83,22 +99,25 @@ class ScheduleBatch:
         extend_lens = [r.extend_input_len for r in self.extend_reqs] + [1] * len(riders)
         prefix_lens = [r.kv_len for r in reqs]
         dev = self.device
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
-        prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=dev)
-        ext = torch.tensor(extend_lens, dtype=torch.int64, device=dev)
+        # Host tensors (module docstring).
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64)
+        ext = torch.tensor(extend_lens, dtype=torch.int64)
         self._evict_for(prefix, prefix + ext)
-        slots = self.allocator.alloc_extend(prefix, ext, self._last_slots(rows, prefix))
+        prefix_d = self._dev(prefix)
+        slots = self.allocator.alloc_extend(prefix_d, self._dev(ext),
+                                            self._last_slots(self._dev(rows), prefix_d))
         if slots is None:
             raise OutOfKVSlots(f"extend needs {sum(extend_lens)} tokens' KV slots, "
                                f"{self.allocator.available_size()} free")
         # Flat token t belongs to request req_of[t]; it is that request's (t - start)-th
         # new token, at position prefix + t - start, and its K/V goes to slots[t].
         total = sum(extend_lens)
-        req_of = torch.repeat_interleave(torch.arange(len(reqs), device=dev), ext,
-                                         output_size=total)
+        req_of = torch.repeat_interleave(torch.arange(len(reqs)), ext, output_size=total)
         start = torch.cumsum(ext, 0) - ext
-        positions = prefix[req_of] + torch.arange(total, device=dev) - start[req_of]
-        self.req_to_token_pool.req_to_token[rows[req_of], positions] = slots.to(dev, torch.int32)
+        positions = prefix[req_of] + torch.arange(total) - start[req_of]
+        self.req_to_token_pool.req_to_token[self._dev(rows[req_of]), self._dev(positions)] = \
+            slots.to(dev, torch.int32)
         input_ids: list[int] = []
         for r, n in zip(self.extend_reqs, extend_lens):
             # A chunk (n < extend_len) computes fill_ids[kv_len : kv_len + n]; the rest of
@@ -110,7 +129,7 @@ class ScheduleBatch:
         self.forward_batch = ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
             req_pool_indices=rows,
             seq_lens=prefix + ext,
@@ -122,7 +141,7 @@ class ScheduleBatch:
             extend_seq_lens_cpu=extend_lens,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
-            **_future_fields(future_idx, future_rows, dev),
+            **_future_fields(future_idx, future_rows),
         )
         return self.forward_batch
 
@@ -132,30 +151,32 @@ class ScheduleBatch:
         slot of its last page. Raises OutOfKVSlots (nothing allocated) when short."""
         reqs = self.reqs
         dev = self.device
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
-        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev)
+        # Host tensors (module docstring).
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
         self._evict_for(positions, positions + 1)
-        slots = self.allocator.alloc_decode(positions, self._last_slots(rows, positions))
+        rows_d, positions_d = self._dev(rows), self._dev(positions)
+        slots = self.allocator.alloc_decode(positions_d, self._last_slots(rows_d, positions_d))
         if slots is None:
             raise OutOfKVSlots(f"decode of {len(reqs)} requests needs "
                                f"{self.allocator.new_slots_needed(positions, positions + 1)} "
                                f"KV slots, {self.allocator.available_size()} free")
-        self.req_to_token_pool.req_to_token[rows, positions] = slots.to(dev, torch.int32)
+        self.req_to_token_pool.req_to_token[rows_d, positions_d] = slots.to(dev, torch.int32)
         seq_lens_cpu = [r.kv_len + 1 for r in reqs]
         input_ids, future_idx, future_rows = _newest_tokens(reqs)
         self.forward_batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
             req_pool_indices=rows,
             seq_lens=positions + 1,
             out_cache_loc=slots.to(dev),
-            logits_indices=torch.arange(len(reqs), device=dev),
+            logits_indices=torch.arange(len(reqs)),
             seq_lens_cpu=seq_lens_cpu,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
-            **_future_fields(future_idx, future_rows, dev),
+            **_future_fields(future_idx, future_rows),
         )
         return self.forward_batch
 
@@ -185,8 +206,9 @@ def _newest_tokens(reqs: list[Req], offset: int = 0) -> tuple[list[int], list[in
     return ids, future_idx, future_rows
 
 
-def _future_fields(idx: list[int], rows: list[int], dev: torch.device) -> dict:
+def _future_fields(idx: list[int], rows: list[int]) -> dict:
+    """The ForwardBatch's future_token_idx/rows, as host tensors (none when empty)."""
     if not idx:
         return {}
-    return {"future_token_idx": torch.tensor(idx, dtype=torch.int64, device=dev),
-            "future_token_rows": torch.tensor(rows, dtype=torch.int64, device=dev)}
+    return {"future_token_idx": torch.tensor(idx, dtype=torch.int64),
+            "future_token_rows": torch.tensor(rows, dtype=torch.int64)}

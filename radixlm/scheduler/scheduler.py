@@ -83,13 +83,12 @@ import logging
 import random
 import time
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from radixlm.executor.forward_batch import ForwardMode
-from radixlm.executor.forward_worker import ForwardTask, ForwardWorker
+from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
@@ -117,7 +116,7 @@ class LaunchedBatch:
     """A batch handed to the forward worker whose results are not processed yet."""
     batch: ScheduleBatch
     sampling_reqs: list[Req]  # the requests that sample a token in it, in logits order
-    future: Future
+    handle: InFlight  # the forward worker's: its future and its stream events
 
 
 class Scheduler:
@@ -449,19 +448,18 @@ class Scheduler:
             r.inflight += 1
         for r in sampling:
             r.pending_samples += 1
-        dev = self.runner.device
+        # Host tensors, like the batch's: the worker puts them on the device (cuda_streams).
         task = ForwardTask(
             forward_batch=batch.forward_batch, sampling_reqs=sampling,
-            keep=None if len(keep) == len(batch.reqs)
-            else torch.tensor(keep, dtype=torch.int64, device=dev),
-            rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64, device=dev),
+            keep=None if len(keep) == len(batch.reqs) else torch.tensor(keep, dtype=torch.int64),
+            rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64),
             positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep])
         return LaunchedBatch(batch, sampling, self.worker.launch(task))
 
     def _process(self, done: LaunchedBatch) -> None:
         """Wait for a launched batch and process its sampled tokens (append, stop checks,
         streaming)."""
-        sampled = self.worker.wait(done.future)
+        sampled = self.worker.wait(done.handle)
         for r in done.batch.reqs:
             r.inflight -= 1
         for r in done.sampling_reqs:
