@@ -33,6 +33,10 @@ class SamplingBatchInfo:
     top_ks: torch.Tensor  # [B] int64, vocab size where unset
     min_ps: torch.Tensor  # [B]
     greedy: list[bool]
+    # [S] int64: indices of the rows that draw (not greedy), on the sampling device. Built
+    # with the batch, so on CUDA it is uploaded at launch with the other inputs instead of
+    # a synchronizing host->device copy on the forward thread.
+    sample_rows: torch.Tensor
     generators: list[torch.Generator | None]
     need_top_k_p: bool
     need_min_p: bool
@@ -66,6 +70,8 @@ class SamplingBatchInfo:
             top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
             min_ps=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
             greedy=greedy,
+            sample_rows=torch.tensor([i for i, g in enumerate(greedy) if not g],
+                                     dtype=torch.int64, device=device),
             generators=[r.generator for r in reqs],
             need_top_k_p=any(not g and (p.top_p < 1.0 or p.top_k >= 1) for g, p in zip(greedy, ps)),
             need_min_p=any(not g and p.min_p > 0.0 for g, p in zip(greedy, ps)),
@@ -110,7 +116,7 @@ class Sampler:
         next_ids = torch.argmax(logits, dim=-1)
         sample_rows = [i for i, g in enumerate(info.greedy) if not g]
         if sample_rows:
-            rows = torch.tensor(sample_rows, device=logits.device)
+            rows = info.sample_rows
             probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
             # Deterministic: no renormalization. A [1, V] row sum is split across threads
             # when V >= 32768 (torch reduces a single output in two passes), so it would
