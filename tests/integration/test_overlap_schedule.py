@@ -12,32 +12,11 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
-from tests.engine_checks import assert_all_slots_back, run_staggered
+from tests.engine_checks import (assert_all_slots_back, mixed_params, random_prompts,
+                                 run_staggered)
 
 
-def prompts(n: int, seed: int, lo: int = 5, hi: int = 60, shared: int = 0) -> list[list[int]]:
-    """Random prompts; the first `shared` tokens are common to all (radix cache hits)."""
-    rng = random.Random(seed)
-    head = [rng.randrange(3, 256) for _ in range(shared)]
-    return [head + [rng.randrange(3, 256) for _ in range(rng.randrange(lo, hi))]
-            for _ in range(n)]
-
-
-def mixed_params(n: int, seed: int) -> list[SamplingParams]:
-    """Greedy and seeded sampling with penalties, logprobs and varied lengths."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        kw = dict(max_new_tokens=rng.randrange(1, 40), ignore_eos=True)
-        if i % 3 == 1:
-            kw.update(temperature=0.9, top_p=0.9, seed=1000 + i)
-        elif i % 3 == 2:
-            kw.update(temperature=1.2, top_k=20, seed=2000 + i, frequency_penalty=0.5,
-                      repetition_penalty=1.3, logprobs=True, top_logprobs=2)
-        else:
-            kw.update(temperature=0.0, presence_penalty=0.4)
-        out.append(SamplingParams(**kw))
-    return out
+prompts = random_prompts
 
 
 def run_both(kw: dict, ps, params, seed: int) -> tuple[Engine, Engine, list, list]:

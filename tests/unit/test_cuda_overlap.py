@@ -6,7 +6,6 @@ reach the scheduler as pinned host tensors."""
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Callable
 
@@ -17,33 +16,21 @@ from radixlm import SamplingParams
 from radixlm.engine import Engine
 from radixlm.executor.cuda_streams import CudaStreams
 from radixlm.executor.step_timer import StepTimer
-from tests.engine_checks import assert_all_slots_back, run_staggered
+from tests.engine_checks import assert_all_slots_back, random_prompts, run_staggered
+from tests.engine_checks import mixed_params as shared_mixed_params
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 
 
-def prompts(n: int, seed: int, lo: int = 5, hi: int = 60) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 256) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+prompts = random_prompts
 
 
 def mixed_params(n: int, seed: int) -> list[SamplingParams]:
-    """Greedy, seeded sampling, penalties (the in-task SamplingBatchInfo), logprobs."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        kw = dict(max_new_tokens=rng.randrange(1, 30), ignore_eos=True)
-        if i % 3 == 1:
-            kw.update(temperature=0.9, top_p=0.9, seed=1000 + i)
-        elif i % 3 == 2:
-            kw.update(temperature=1.2, top_k=20, seed=2000 + i, frequency_penalty=0.5,
-                      repetition_penalty=1.3, logprobs=True, top_logprobs=2)
-        else:
-            kw.update(temperature=0.0)
-        out.append(SamplingParams(**kw))
-    return out
+    """Greedy (no penalty: the SamplingBatchInfo staged at launch), seeded sampling,
+    penalties (built in the task), logprobs."""
+    return shared_mixed_params(n, seed, max_new=30, greedy_presence=0.0)
 
 
 CONFIGS = {
