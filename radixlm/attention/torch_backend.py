@@ -52,7 +52,8 @@ class TorchAttentionBackend(AttentionBackend):
             return
         kv_indices, masks, offsets = [], [], []
         offset = 0
-        rows_cpu = fb.req_pool_indices.tolist()
+        rows_cpu = (fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None
+                    else fb.req_pool_indices.tolist())
         for row, prefix, ext in zip(rows_cpu, fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu):
             seq = prefix + ext
             kv_indices.append(req_to_token[row, :seq].to(torch.int64))

@@ -74,15 +74,11 @@ class TritonAttentionBackend(AttentionBackend):
             self.decode_md = _DecodeMetadata(num_kv_splits_for(
                 fb.seq_lens, self.config.max_kv_splits, self.config.min_split_tokens))
             return
-        prefix = fb.extend_prefix_lens_cpu
-        ext = fb.extend_seq_lens_cpu
-        # extend_start[b] = ext[0] + ... + ext[b-1]: the flat T layout of ForwardBatch.
-        starts = [0] * len(ext)
-        for i in range(1, len(ext)):
-            starts[i] = starts[i - 1] + ext[i - 1]
-        as_dev = lambda xs: torch.tensor(xs, dtype=torch.int32).to(self.device, non_blocking=True)
-        self.extend_md = _ExtendMetadata(as_dev(prefix), as_dev(ext), as_dev(starts),
-                                         max(ext, default=0))
+        # Staged with the batch (no host->device copy here); extend_start[b] = ext[0] +
+        # ... + ext[b-1], the flat T layout of ForwardBatch.
+        prefix, ext, starts = fb.extend_index_tensors()
+        self.extend_md = _ExtendMetadata(prefix, ext, starts,
+                                         max(fb.extend_seq_lens_cpu, default=0))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:

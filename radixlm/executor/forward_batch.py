@@ -55,6 +55,14 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int] | None = None  # EXTEND only
     extend_seq_lens_cpu: list[int] | None = None  # EXTEND only
+    req_pool_indices_cpu: list[int] | None = None  # EXTEND only (None: read the tensor)
+    # EXTEND only, [B] int32 for the kernels: request b's cached prefix length, its new
+    # tokens, and the flat index of its first new token (= sum of the earlier requests'
+    # new tokens). Built with the batch, so on CUDA they are uploaded with it at launch;
+    # None in batches built by hand (see `extend_index_tensors`).
+    extend_prefix_lens: torch.Tensor | None = None
+    extend_seq_lens: torch.Tensor | None = None
+    extend_start_loc: torch.Tensor | None = None
     req_to_token_pool: "ReqToTokenPool | None" = None
     token_to_kv_pool: "TokenToKVPool | None" = None
     attn_backend: "AttentionBackend | None" = None
@@ -63,3 +71,22 @@ class ForwardBatch:
     # token relay (relay[future_token_rows], indexed by req_to_token row) before running.
     future_token_idx: torch.Tensor | None = None  # [F] int64 indices into input_ids
     future_token_rows: torch.Tensor | None = None  # [F] int64 req_to_token rows
+
+    def extend_index_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prefix lens, extend lens, start locs) as [B] int32 on the batch's device: the
+        staged fields, or, when the batch was built without them, from the *_cpu lists (a
+        host->device copy, which on CUDA waits for the stream)."""
+        if self.extend_start_loc is not None:
+            return self.extend_prefix_lens, self.extend_seq_lens, self.extend_start_loc
+        prefix, ext, start = extend_index_host(self.extend_prefix_lens_cpu,
+                                               self.extend_seq_lens_cpu)
+        dev = self.input_ids.device
+        return prefix.to(dev), ext.to(dev), start.to(dev)
+
+
+def extend_index_host(prefix_lens: list[int],
+                      extend_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ForwardBatch.extend_prefix_lens / extend_seq_lens / extend_start_loc on the host."""
+    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
+    ext = torch.tensor(extend_lens, dtype=torch.int32)
+    return prefix, ext, torch.cumsum(ext, 0, dtype=torch.int32) - ext

@@ -46,6 +46,10 @@ def slice_forward_batch(fb: ForwardBatch, a: int, b: int) -> ForwardBatch:
         extend_prefix_lens_cpu=(None if fb.extend_prefix_lens_cpu is None
                                 else fb.extend_prefix_lens_cpu[a:b]),
         extend_seq_lens_cpu=None if fb.extend_seq_lens_cpu is None else counts[a:b],
+        req_pool_indices_cpu=(None if fb.req_pool_indices_cpu is None
+                              else fb.req_pool_indices_cpu[a:b]),
+        # Rebuilt from the lists by extend_index_tensors (start locs restart at 0).
+        extend_prefix_lens=None, extend_seq_lens=None, extend_start_loc=None,
         attn_backend=None, future_token_idx=None, future_token_rows=None)
 
 

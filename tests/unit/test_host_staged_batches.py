@@ -70,6 +70,15 @@ def test_builders_stage_host_tensors_with_the_forwards_values(tiny_llama_dir, cf
             assert t.device.type == "cpu" and t.dtype == torch.int64, name
             assert t.tolist() == values, name
         assert fb.seq_lens_cpu == want["seq_lens"]
+        if fb.forward_mode.is_extend():  # the kernels' per-request index tensors
+            counts = fb.extend_seq_lens_cpu
+            assert fb.req_pool_indices_cpu == want["req_pool_indices"]
+            for name, values in (("extend_prefix_lens", [r.kv_len for r in batch.reqs]),
+                                 ("extend_seq_lens", counts),
+                                 ("extend_start_loc", [0, *itertools.accumulate(counts)][:-1])):
+                t = getattr(fb, name)
+                assert t.device.type == "cpu" and t.dtype == torch.int32, name
+                assert t.tolist() == values, name
         checked.append(want)
         return launch(batch)
 
