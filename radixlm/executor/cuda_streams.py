@@ -10,8 +10,9 @@ Who does what (CUDA):
   * host staging -- the batch builders (`ScheduleBatch.prepare_for_*`, `Scheduler._launch`)
     build every input they derive from Python lists as a HOST tensor (input_ids,
     positions, req_pool_indices, seq_lens, logits_indices, future_token_idx/rows, keep,
-    rows; and, when no request uses penalties, the SamplingBatchInfo). Only out_cache_loc,
-    which the allocator hands out, is a device tensor from the scheduler stream.
+    rows; and the SamplingBatchInfo, whose penalty counts the task attaches). Only
+    out_cache_loc, which the allocator hands out, is a device tensor from the scheduler
+    stream.
   * copy stream -- `stage` (scheduler thread, at launch) packs the host tensors of a task
     into one pinned buffer per dtype and copies each with non_blocking=True on the copy
     stream, so the copy overlaps the forward still running; the task's device tensors are
@@ -73,8 +74,8 @@ class CudaTaskSync:
 
 
 class ForwardStreams(Protocol):
-    # Build the SamplingBatchInfo at launch, as host tensors staged with the batch (when
-    # no request uses penalties), instead of on the forward thread.
+    # Build the SamplingBatchInfo at launch, as host tensors staged with the batch (the
+    # penalty counts are attached on the forward thread), instead of on the forward thread.
     sampling_info_at_launch: bool
 
     def stage(self, items: list[Item], gap_counts: bool) -> tuple[list[Item], Any]:

@@ -69,8 +69,8 @@ class ForwardTask:
     # Each sampling request's seq_len after this forward: the position of the token it
     # samples (taken at launch: the Req's own lengths move on the scheduler thread).
     positions: list[int]
-    # Built by `launch` when the streams stage it with the batch (CUDA, no penalties);
-    # otherwise on the forward thread, in order after the previous task's penalty counts.
+    # Built by `launch` when the streams stage it with the batch (CUDA; the penalty
+    # counts are attached in the task); otherwise on the forward thread.
     sampling_info: SamplingBatchInfo | None = None
 
 
@@ -101,11 +101,12 @@ class ForwardWorker:
         """Scheduler thread. Everything the scheduler wrote for the task (pools, slots) is
         ordered before it; on CUDA its host inputs are uploaded here, asynchronously."""
         reqs, info = task.sampling_reqs, task.sampling_info
-        if (info is None and self.streams.sampling_info_at_launch and reqs
-                and not any(r.uses_penalties for r in reqs)):
+        if info is None and self.streams.sampling_info_at_launch and reqs:
             # Host tensors, staged with the batch: no device sync on the forward thread.
+            # The penalty counts are the forward thread's (the previous task updates them).
             info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
-                                               torch.device("cpu"), positions=task.positions)
+                                               torch.device("cpu"), positions=task.positions,
+                                               penalty_state=False)
         (fb, info, keep, rows), sync = self.streams.stage(
             [task.forward_batch, info, task.keep, task.rows], gap_counts=self.timer.launched())
         task = dataclasses.replace(task, forward_batch=fb, sampling_info=info, keep=keep,
@@ -153,6 +154,8 @@ class ForwardWorker:
             if info is None:
                 info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
                                                    self.runner.device, positions=task.positions)
+            elif info.penalized_rows:
+                info.attach_penalty_state(reqs)
             out = self.runner.sample(logits, info)
             self.relay[task.rows] = out.next_token_ids
             _count_penalty_tokens(reqs, out.next_token_ids)

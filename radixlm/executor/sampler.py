@@ -53,13 +53,20 @@ class SamplingBatchInfo:
     # for it; None when greedy) and the position of the token being sampled.
     seeds: list[int | None] | None = None
     positions: list[int] | None = None
+    # [S] float64, per drawing row: deterministic_uniform(seed, position), the draw of
+    # --enable-deterministic-inference (computed with the batch, like sample_rows).
+    uniforms: torch.Tensor | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
-                  positions: list[int] | None = None) -> "SamplingBatchInfo":
+                  positions: list[int] | None = None,
+                  penalty_state: bool = True) -> "SamplingBatchInfo":
         """`positions`: where each request's sampled token goes (the forward batch's
         seq_lens). Default: req.seq_len, right only when every earlier sample of the request
-        has been appended (the serial loop; the overlap loop must pass them)."""
+        has been appended (the serial loop; the overlap loop must pass them).
+        `penalty_state=False`: leave output_counts / seen_mask to `attach_penalty_state`
+        (the forward worker builds the rest at launch, before the previous step's counts
+        are in)."""
         ps = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in ps]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, ps)]
@@ -82,16 +89,27 @@ class SamplingBatchInfo:
                    for g, p, r in zip(greedy, ps, reqs)],
             positions=list(positions) if positions is not None else [r.seq_len for r in reqs],
         )
+        info.uniforms = torch.tensor(
+            [deterministic_uniform(info.seeds[i], info.positions[i])
+             for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
         rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
         if rows:
             info.penalized_rows = rows
-            info.output_counts = torch.stack([reqs[i].output_counts for i in rows])
-            info.seen_mask = torch.stack([reqs[i].seen_mask for i in rows])
             col = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device).unsqueeze(1)  # noqa: E731
             info.frequency = col([ps[i].frequency_penalty for i in rows])
             info.presence = col([ps[i].presence_penalty for i in rows])
             info.repetition = col([ps[i].repetition_penalty for i in rows])
+            if penalty_state:
+                info.attach_penalty_state(reqs)
         return info
+
+    def attach_penalty_state(self, reqs: list[Req]) -> None:
+        """The penalized rows' output counts and seen masks, stacked now (device ops on
+        the requests' own tensors: on the forward thread, after the previous step's
+        counts)."""
+        if self.penalized_rows:
+            self.output_counts = torch.stack([reqs[i].output_counts for i in self.penalized_rows])
+            self.seen_mask = torch.stack([reqs[i].seen_mask for i in self.penalized_rows])
 
 
 @dataclass
@@ -123,9 +141,7 @@ class Sampler:
             # depend on the batch; the draw scales u by the row's own cumulative total.
             probs = self._cut(probs, info, rows, normalize=not self.deterministic)
             if self.deterministic:
-                u = [deterministic_uniform(info.seeds[i], info.positions[i]) for i in sample_rows]
-                next_ids[rows] = inverse_cdf_draw(probs, torch.tensor(u, dtype=torch.float64,
-                                                                      device=probs.device))
+                next_ids[rows] = inverse_cdf_draw(probs, info.uniforms)
             else:
                 for j, i in enumerate(sample_rows):
                     next_ids[i] = torch.multinomial(probs[j], 1, generator=info.generators[i])[0]

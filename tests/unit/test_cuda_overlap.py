@@ -28,8 +28,7 @@ prompts = random_prompts
 
 
 def mixed_params(n: int, seed: int) -> list[SamplingParams]:
-    """Greedy (no penalty: the SamplingBatchInfo staged at launch), seeded sampling,
-    penalties (built in the task), logprobs."""
+    """Greedy, seeded sampling, penalties (counts attached in the task), logprobs."""
     return shared_mixed_params(n, seed, max_new=30, greedy_presence=0.0)
 
 
@@ -148,19 +147,32 @@ def test_launch_does_not_wait_for_a_running_forward(tiny_llama_dir):
     sched.shutdown()
 
 
-def test_forward_thread_enqueues_a_decode_without_waiting_for_the_device(tiny_llama_dir):
-    """No host sync on the forward thread in a greedy decode step (no penalties, no
-    logprobs): the task's future completes while the device is still running it. (A
-    prefill may still sync there: the attention backends' extend metadata.)"""
+# Seeded top-p with penalties: the SamplingBatchInfo staged at launch, counts attached in
+# the task, multinomial draws with per-request generators.
+PENALIZED = SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=3,
+                           frequency_penalty=0.5, repetition_penalty=1.2, ignore_eos=True)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+@pytest.mark.parametrize("params", [GREEDY, PENALIZED], ids=["greedy", "penalized"])
+def test_forward_thread_enqueues_a_step_without_waiting_for_the_device(tiny_llama_dir, phase,
+                                                                      params):
+    """No host sync on the forward thread in a prefill (triton extend, CUDA-graph-free) or
+    a decode step (a graph replay), greedy or sampled with penalties (no logprobs): the
+    task's future completes while the device is still running it."""
     eng = engine(tiny_llama_dir, max_total_tokens=4096)
-    eng.generate(prompts(4, seed=6), GREEDY)  # warm-up with the same shapes
+    eng.generate(prompts(4, seed=6), params)  # warm-up with the same shapes
+    assert eng.scheduler.flush_cache().success  # the prefill below computes its prompts again
     sched = eng.scheduler
-    rids = [eng.submit(p, GREEDY) for p in prompts(4, seed=6)]
-    eng.step()  # the prefill
-    eng.step()  # decode 1
+    rids = [eng.submit(p, params) for p in prompts(4, seed=6)]
+    if phase == "decode":
+        eng.step()  # the prefill
+        eng.step()  # decode 1
+        # Decode 1's forward is called before the patch below, so only decode 2 sleeps.
+        sched.inflight.handle.future.result(timeout=30)
     restore = slow_forwards(eng, 0.5)
     t0 = time.perf_counter()
-    eng.step()  # decode 2 (0.5 s on the device) launched; decode 1 processed
+    eng.step()  # the step (0.5 s on the device) launched; the previous one processed
     handle = sched.inflight.handle
     handle.future.result(timeout=5)
     enqueued = time.perf_counter() - t0

@@ -74,7 +74,8 @@ _real_pack = cuda_streams.pack
 def test_the_cuda_worker_path_gives_the_serial_loops_tokens(tiny_llama_dir, fake_cuda):
     rng = random.Random(8)
     ps = [[rng.randrange(3, 256) for _ in range(rng.randrange(4, 40))] for _ in range(8)]
-    # Greedy and seeded (SamplingBatchInfo built at launch) and penalties (built in the task).
+    # Greedy, seeded and penalties: the SamplingBatchInfo is built at launch, the penalty
+    # counts are attached in the task.
     params = [SamplingParams(max_new_tokens=rng.randrange(2, 16), ignore_eos=True,
                              temperature=0.0 if i % 3 == 0 else 0.9, seed=i,
                              presence_penalty=0.5 if i % 3 == 2 else 0.0) for i in range(8)]
@@ -87,16 +88,22 @@ def test_the_cuda_worker_path_gives_the_serial_loops_tokens(tiny_llama_dir, fake
     sched = eng.scheduler
     streams = sched.worker.streams = fake_cuda()
     prebuilt: list[bool] = []
+    penalized: list[bool] = []
     run = sched.worker._run
 
     def spy(task, sync):
-        prebuilt.append(task.sampling_info is not None)
+        info = task.sampling_info
+        prebuilt.append(info is not None)
+        assert (info is not None) == bool(task.sampling_reqs)  # built iff someone samples
+        if info is not None:
+            penalized.append(bool(info.penalized_rows))
+            assert info.output_counts is None  # attached by the task, not at launch
         return run(task, sync)
 
     sched.worker._run = spy
     got = run_staggered(eng, ps, params, seed=5)
     assert got == want
-    assert any(prebuilt) and not all(prebuilt)  # penalty batches build it in the task
+    assert any(penalized) and not all(penalized)
     # Every task waited for its uploads and for the scheduler stream's writes.
     assert len(streams.forward.waited) == 2 * len(prebuilt)
     t = sched.worker.timer
