@@ -4,6 +4,8 @@ Proxied: POST /v1/completions, /v1/chat/completions, /generate (streaming or not
 GET /v1/models. Fanned out to every worker: GET /server_info, POST /flush_cache.
 Router's own: GET|HEAD /health (200 while at least one worker is in rotation), GET
 /metrics (Prometheus), GET /workers, POST /workers {"url": ...}, DELETE /workers/{url}.
+With --api-key every endpoint but /health needs the key (adding a worker would otherwise
+let anyone redirect traffic).
 The body is parsed once, only to find the routing text and the `stream` flag; it is
 forwarded byte for byte, and the worker validates it.
 """
@@ -18,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -29,7 +31,8 @@ from radixlm.router.proxy import forward_stream, forward_unary, forwarded_header
 from radixlm.router.request_text import routing_text
 from radixlm.router.router import Router
 from radixlm.router.workers import normalize_url
-from radixlm.server.errors import error_response
+from radixlm.server.api_key import api_key_dependency
+from radixlm.server.errors import APIError, error_response
 from radixlm.server.http_util import ClientDisconnected
 
 logger = logging.getLogger(__name__)
@@ -60,7 +63,13 @@ def create_router_app(router: Router) -> FastAPI:
                 await router.client.aclose()
                 router.client = None
 
+    # Every route but /health: the API key (none configured: open).
     app = FastAPI(title="radixlm router", lifespan=lifespan)
+    keyed = [Depends(api_key_dependency(router.args.api_key))]
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return error_response(e.status, e.message, e.param)
 
     async def proxy_post(request: Request) -> Response:
         path = request.url.path
@@ -82,9 +91,9 @@ def create_router_app(router: Router) -> FastAPI:
         return resp
 
     for path in _PROXIED_POSTS:
-        app.add_api_route(path, proxy_post, methods=["POST"])
+        app.add_api_route(path, proxy_post, methods=["POST"], dependencies=keyed)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=keyed)
     async def models(request: Request) -> Response:
         try:
             return await forward_unary(router, request, "GET", "/v1/models", b"", None)
@@ -98,7 +107,7 @@ def create_router_app(router: Router) -> FastAPI:
             return JSONResponse({"status": "ok", "healthy_workers": n})
         return error_response(503, "No worker is healthy.")
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=keyed)
     async def metrics() -> Response:
         router.refresh_worker_metrics()
         return Response(router.metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -107,11 +116,11 @@ def create_router_app(router: Router) -> FastAPI:
         return [{"url": w.url, "healthy": w.healthy, "load": w.load}
                 for w in router.registry.all()]
 
-    @app.get("/workers")
+    @app.get("/workers", dependencies=keyed)
     async def list_workers() -> JSONResponse:
         return JSONResponse({"workers": worker_list(), "policy": router.policy.name})
 
-    @app.post("/workers")
+    @app.post("/workers", dependencies=keyed)
     async def add_worker(request: Request) -> Response:
         try:
             url = json.loads(await request.body())["url"]
@@ -122,7 +131,7 @@ def create_router_app(router: Router) -> FastAPI:
         logger.info("worker %s added", worker.url)
         return JSONResponse({"added": worker.url, "workers": worker_list()})
 
-    @app.delete("/workers/{url:path}")
+    @app.delete("/workers/{url:path}", dependencies=keyed)
     async def remove_worker(url: str) -> Response:
         url = normalize_url(url)
         if not router.registry.remove(url):
@@ -142,7 +151,7 @@ def create_router_app(router: Router) -> FastAPI:
 
         return list(await asyncio.gather(*(one(w.url) for w in router.registry.healthy())))
 
-    @app.get("/server_info")
+    @app.get("/server_info", dependencies=keyed)
     async def server_info(request: Request) -> JSONResponse:
         """Every worker's /server_info, and `pool` summing the counters that add up
         across workers (so a client reading one instance's cache hit rate reads the
@@ -155,7 +164,7 @@ def create_router_app(router: Router) -> FastAPI:
         pool["cache_hit_rate"] = pool["cached_tokens_total"] / prompt if prompt else 0.0
         return JSONResponse({"policy": router.policy.name, "pool": pool, "workers": workers})
 
-    @app.post("/flush_cache")
+    @app.post("/flush_cache", dependencies=keyed)
     async def flush_cache(request: Request) -> JSONResponse:
         results = await fan_out(request, "POST", "/flush_cache")
         for w in router.registry.all():  # the workers' caches are empty: so are the trees

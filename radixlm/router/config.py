@@ -42,6 +42,9 @@ class RouterArgs:
     request_timeout_s: float = _opt(1800.0, "Timeout of one proxied request (also the "
                                     "longest pause allowed between two streamed chunks).")
     random_seed: int | None = _opt(None, "Seed of the random and power_of_two policies.")
+    api_key: str | None = _opt(
+        None, "If set, every endpoint but /health needs 'Authorization: Bearer <key>' "
+        "(the proxied requests forward it to the workers, which may check their own).")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def cache_aware_config(self) -> CacheAwareConfig:

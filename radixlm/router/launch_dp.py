@@ -170,6 +170,7 @@ def launch_dp(args: ServerArgs) -> None:
         procs, urls = start_instances(args)
         logger.info("starting %d instances: %s", len(urls), ", ".join(urls))
         wait_healthy(procs, urls)
-        run_router(RouterArgs(host=args.host, port=args.port, log_level=args.log_level), urls)
+        run_router(RouterArgs(host=args.host, port=args.port, log_level=args.log_level,
+                              api_key=args.api_key), urls)
     finally:
         stop_instances(procs)

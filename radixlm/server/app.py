@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.config import ServerArgs
+from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion
 from radixlm.server.completions import create_completion
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
@@ -94,15 +94,6 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail))
 
-    async def check_api_key(request: Request) -> None:
-        if args.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, key = auth.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(),
-                                                                   args.api_key.encode()):
-            raise APIError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.")
-
     # /health stays open without a key: the launcher and load balancers poll it.
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
@@ -110,7 +101,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
             return JSONResponse({"status": "ok"})
         return error_response(503, "The engine is not healthy (a child process died).")
 
-    api = APIRouter(dependencies=[Depends(check_api_key)])
+    api = APIRouter(dependencies=[Depends(api_key_dependency(args.api_key))])
 
     @api.get("/v1/models")
     async def models() -> JSONResponse:

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 300  # six Python processes import torch on a shared 2-core box
 SHARED = " ".join(f"w{i}" for i in range(10, 70))  # a 60-token shared prefix
+API_KEY = "x"  # router and instances both check it (the openai client sends it)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @dataclass
@@ -43,7 +45,7 @@ class DP:
             return f.read()[-4000:]
 
     def workers(self) -> list[dict[str, Any]]:
-        return httpx.get(self.url + "/workers", timeout=10).json()["workers"]
+        return httpx.get(self.url + "/workers", headers=AUTH, timeout=10).json()["workers"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def dp(tiny_llama_dir: str) -> Iterator[DP]:
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-dp-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "radixlm", "serve", "--model", tiny_llama_dir, "--dp-size", "2",
            "--port", str(port), "--max-total-tokens", "2048", "--max-running-requests", "16",
-           "--log-level", "warning"]
+           "--api-key", API_KEY, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     d = DP(f"http://127.0.0.1:{port}", proc, log.name)
     try:
@@ -79,7 +81,7 @@ def dp(tiny_llama_dir: str) -> Iterator[DP]:
 
 
 def _client(url: str) -> Any:
-    return openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=60, max_retries=0)
+    return openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, timeout=60, max_retries=0)
 
 
 def test_answers_through_router_equal_a_workers_own(dp: DP) -> None:
@@ -102,20 +104,27 @@ def test_answers_through_router_equal_a_workers_own(dp: DP) -> None:
                        router.chat.completions.create(stream=True, **chat) if c.choices)
     assert streamed == want
     gen = {"text": "w5 w6 w7 w8", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
-    native = httpx.post(dp.url + "/generate", json=gen, timeout=60).json()
+    native = httpx.post(dp.url + "/generate", json=gen, headers=AUTH, timeout=60).json()
     assert native["text"] == httpx.post(workers[0]["url"] + "/generate", json=gen,
-                                        timeout=60).json()["text"]
+                                        headers=AUTH, timeout=60).json()["text"]
     bad = httpx.post(dp.url + "/v1/completions", json={"model": model, "prompt": "w1",
-                                                       "max_tokens": -5}, timeout=30)
+                                                       "max_tokens": -5},
+                     headers=AUTH, timeout=30)
     assert bad.status_code == 400 and "error" in bad.json()
+    # --api-key guards the router's own endpoints and the instances alike; /health is open.
+    for url in (dp.url, workers[0]["url"]):
+        assert httpx.post(url + "/generate", json=gen, timeout=30).status_code == 401
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+    r = httpx.post(dp.url + "/workers", json={"url": "http://127.0.0.1:9"}, timeout=10)
+    assert r.status_code == 401 and len(dp.workers()) == 2
 
 
 def test_shared_prefix_sticks_to_one_worker_and_hits_its_cache(dp: DP) -> None:
     router = _client(dp.url)
-    httpx.post(dp.url + "/flush_cache", timeout=30).raise_for_status()
+    httpx.post(dp.url + "/flush_cache", headers=AUTH, timeout=30).raise_for_status()
 
     def prompt_tokens() -> dict[str, int]:
-        info = httpx.get(dp.url + "/server_info", timeout=30).json()["workers"]
+        info = httpx.get(dp.url + "/server_info", headers=AUTH, timeout=30).json()["workers"]
         return {w["url"]: w["body"]["pool"]["prompt_tokens_total"] for w in info}
 
     before = prompt_tokens()
@@ -129,14 +138,14 @@ def test_shared_prefix_sticks_to_one_worker_and_hits_its_cache(dp: DP) -> None:
     after = prompt_tokens()
     grew = sorted(after[url] - before[url] for url in after)
     assert grew[0] == 0 and grew[1] > 0  # all four went to one worker
-    metrics = httpx.get(dp.url + "/metrics", timeout=10).text
+    metrics = httpx.get(dp.url + "/metrics", headers=AUTH, timeout=10).text
     assert 'decision="cache_hit"' in metrics
 
 
 def test_client_hangup_releases_load(dp: DP) -> None:
     """(That a hang-up releases the load deterministically is unit-tested; here the stream
     may even have finished on a starved machine before the client looks.)"""
-    with httpx.stream("POST", dp.url + "/v1/completions", timeout=60, json={
+    with httpx.stream("POST", dp.url + "/v1/completions", headers=AUTH, timeout=60, json={
             "model": "m", "prompt": "w3 w4", "max_tokens": 400, "temperature": 0,
             "ignore_eos": True, "stream": True}) as r:
         assert r.status_code == 200
@@ -196,7 +205,7 @@ def test_worker_killed_mid_load_loses_nothing(dp: DP) -> None:
         r = router.completions.create(model="m", prompt=f"w{i} w{i + 1}", max_tokens=4)
         assert r.choices[0].text
     assert all(w["load"] == 0 for w in dp.workers())
-    metrics = httpx.get(dp.url + "/metrics", timeout=10).text
+    metrics = httpx.get(dp.url + "/metrics", headers=AUTH, timeout=10).text
     assert f'worker="{healthy[0]["url"]}"' in metrics
 
     def counter(name: str) -> float:

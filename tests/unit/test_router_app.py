@@ -28,11 +28,13 @@ class FakeWorkers:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []  # (host, path) of every request
+        self.auth: list[str | None] = []  # the Authorization header of every request
         self.down: set[str] = {"dead"}
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         host, path = request.url.host, request.url.path
         self.seen.append((host, path))
+        self.auth.append(request.headers.get("authorization"))
         if host in self.down:
             raise httpx.ConnectError("connection refused", request=request)
         if path == "/health":
@@ -217,3 +219,26 @@ def test_relay_closed_early_releases_load(fake: FakeWorkers) -> None:
         assert w.load == 0 and resp.is_closed
 
     asyncio.run(main())
+
+
+def test_api_key_guards_everything_but_health(fake: FakeWorkers) -> None:
+    for client, router in _client([A], fake, api_key="sekret"):
+        good = {"Authorization": "Bearer sekret"}
+        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            for method, path, body in (("POST", "/v1/completions", {"prompt": "x"}),
+                                       ("POST", "/v1/chat/completions", {"messages": []}),
+                                       ("POST", "/generate", {"text": "x"}),
+                                       ("GET", "/v1/models", None), ("GET", "/metrics", None),
+                                       ("GET", "/workers", None), ("GET", "/server_info", None),
+                                       ("POST", "/flush_cache", None),
+                                       ("POST", "/workers", {"url": "http://evil:1"}),
+                                       ("DELETE", f"/workers/{A}", None)):
+                r = client.request(method, path, json=body, headers=bad)
+                assert r.status_code == 401, (method, path, bad)
+                assert r.json()["error"]["type"] == "authentication_error"
+        assert [w.url for w in router.registry.all()] == [A]  # nothing was added or removed
+        assert ("a", "/v1/completions") not in fake.seen  # nothing reached the worker
+        assert client.get("/health").status_code == 200  # open, for load balancers
+        r = client.post("/v1/completions", json={"prompt": "x"}, headers=good)
+        assert r.status_code == 200 and fake.auth[-1] == "Bearer sekret"  # forwarded
+        assert client.get("/workers", headers=good).status_code == 200
