@@ -4,10 +4,14 @@ With `--base-url` it measures that one server (any OpenAI-compatible one). Witho
 starts the servers itself and measures them side by side in one run: radixlm (with any
 `--engine-arg`s), one radixlm per `--ablation`, and llama-server on the same GGUF when
 one is found (`--llama-server PATH`, `llama-server` on PATH, or the binary that
-scripts/build_llama_server.sh builds). All servers stay up for the whole run; for each
-repeat and each `--max-concurrency` value the servers take turns on the same requests
-(interleaved, so a noisy neighbour slows them alike), and the summary takes medians.
-Repeat r uses dataset seed `seed + r` (the same prompts again would measure the cache).
+scripts/build_llama_server.sh builds). For each repeat and each `--max-concurrency` value
+the servers take turns on the same requests (interleaved, so a noisy neighbour slows them
+alike), and the summary takes medians. Repeat r uses dataset seed `seed + r`.
+
+Every measured run starts from empty prefix caches: radixlm is flushed (`POST
+/flush_cache`) after its warm-up; llama-server, which has no such endpoint (its host-RAM
+prompt cache survives a slot erase), is restarted before the run. The warm-up request
+is request 0's token ids reversed, so it caches no prefix of the workload.
 """
 
 from __future__ import annotations
@@ -137,8 +141,13 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
             target = Target(target.name, target.base_url, target.backend,
                             await model_name(client, target), target.api_key)
         warm = requests[0]
-        for res in await asyncio.gather(*(send_request(client, target, warm.prompt,
-                                                       warm.prompt_len, min(warm.output_len, 4))
+        # Request 0's token ids reversed: the same size, but no prefix of the workload, so a
+        # server that cannot be flushed (llama-server, restarted before the run instead)
+        # does not start the run with request 0 cached.
+        warm_ids = (list(warm.prompt) if isinstance(warm.prompt, list)
+                    else tokenizer.encode(warm.prompt, add_special_tokens=False))[::-1]
+        for res in await asyncio.gather(*(send_request(client, target, warm_ids,
+                                                       len(warm_ids), min(warm.output_len, 4))
                                           for _ in range(num_warmup))):
             if not res.success:
                 raise RuntimeError(f"{target.name}: warm-up request failed: {res.error}")
@@ -175,16 +184,19 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
             targets = [Target("server", cfg.base_url.rstrip("/"), cfg.backend,
                               api_key=cfg.api_key)]
         else:
-            targets = []
+            targets, launched = [], {}
             for spec in server_specs(cfg, all_requests[0], log):
                 log(f"starting {spec.name}: {' '.join(spec.cmd)}")
-                stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
+                launched[spec.name] = stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
                 targets.append(Target(spec.name, spec.base_url, spec.backend))
         records = []
         for r, requests in enumerate(all_requests):
             for conc in cfg.max_concurrency:
                 load = LoadConfig(cfg.request_rate, conc, cfg.dataset.seed + r, cfg.show_progress)
                 for target in targets:
+                    server = None if cfg.base_url else launched[target.name]
+                    if server is not None and server.spec.restart_to_flush:
+                        server.restart()  # every run starts with empty caches
                     t0 = time.perf_counter()
                     m = asyncio.run(bench_one(target, requests, load, tokenizer, cfg.num_warmup))
                     rec = _record(cfg, target, conc, r, m, machine)

@@ -27,6 +27,10 @@ class ServerSpec:
     port: int
     backend: str  # "radixlm" | "openai" (see serve_client.Target)
     env: dict[str, str] = field(default_factory=dict)
+    # Restarted before each measured run to empty its caches: a server with no flush
+    # endpoint (llama-server keeps prompts in slots and in a host-RAM prompt cache that
+    # its slot-erase action does not clear). radixlm is flushed by POST /flush_cache.
+    restart_to_flush: bool = False
 
     @property
     def base_url(self) -> str:
@@ -81,7 +85,7 @@ def llama_server_spec(binary: str, gguf: str, parallel: int, slot_ctx: int, thre
     port = port or free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
            "-c", str(parallel * slot_ctx), "-np", str(parallel), "-t", str(threads)]
-    return ServerSpec("llama-server", tuple(cmd), port, "openai")
+    return ServerSpec("llama-server", tuple(cmd), port, "openai", restart_to_flush=True)
 
 
 class ServerStartError(RuntimeError):
@@ -104,6 +108,17 @@ class LaunchedServer:
             return f.read()[-n:]
 
     def __enter__(self) -> "LaunchedServer":
+        self._start()
+        return self
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same port (empty caches)."""
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None
+        self._start()
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen(list(self.spec.cmd), stdout=self.log,
                                      stderr=subprocess.STDOUT,
                                      env={**os.environ, **self.spec.env})
@@ -115,7 +130,7 @@ class LaunchedServer:
                                            f"{self.proc.returncode}:\n{self.log_tail()}")
                 try:
                     if httpx.get(self.spec.base_url + "/health", timeout=2).status_code == 200:
-                        return self
+                        return
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:

@@ -113,6 +113,8 @@ def test_parse_ablation_and_server_flags() -> None:
     ls = llama_server_spec("/bin/llama-server", "/m.gguf", parallel=4, slot_ctx=512,
                            threads=2, port=9)
     assert ls.cmd[ls.cmd.index("-c") + 1] == "2048" and ls.cmd[ls.cmd.index("-np") + 1] == "4"
+    assert ls.restart_to_flush  # no endpoint empties its prompt cache: restarted per run
+    assert not radixlm_spec("radixlm", None, {}, port=9).restart_to_flush
     with pytest.raises(ValueError):
         llama_server_spec("/bin/llama-server", "/m-dir", 1, 512, 2)
 
@@ -121,3 +123,35 @@ def test_slot_context_covers_the_longest_conversation() -> None:
     assert slot_context([BenchRequest("x", 100, 50), BenchRequest("y", 300, 10)]) == 512
     conv = BenchRequest("x", 100, 50, follow_ups=("a",))  # 100 + 2*50 + (25 + 64) + 64
     assert slot_context([conv]) == 512 and slot_context([conv]) >= 100 + 2 * 50 + 100
+
+
+_PID_SERVER = """
+import http.server, json, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"pid": os.getpid()}).encode()
+        self.send_response(200); self.send_header("content-length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_launched_server_restart_is_a_new_process_on_the_same_port() -> None:
+    import sys
+
+    import httpx
+
+    from radixlm.bench.server_proc import LaunchedServer, ServerSpec
+    from tests.process_tree import free_port
+
+    port = free_port()
+    spec = ServerSpec("pid", (sys.executable, "-c", _PID_SERVER, str(port)), port, "openai",
+                      restart_to_flush=True)
+    with LaunchedServer(spec, timeout_s=30) as s:
+        first = httpx.get(spec.base_url + "/health").json()["pid"]
+        old = s.proc
+        s.restart()
+        assert old.poll() is not None  # the old process is gone
+        assert httpx.get(spec.base_url + "/health").json()["pid"] not in (first, None)
+    assert s.proc.poll() is not None
