@@ -77,6 +77,8 @@ if [ $DRY = 1 ]; then
   OFFLINE=(--num-prompts 4 --input-len-min 8 --input-len-max 16 --output-len 4 --repeat 1
            --max-running-requests 4 --max-total-tokens 512 --num-threads 2)
   ONE_BATCH=(--batch-sizes 1 2 --prompt-len 8 --decode-steps 2 --copy-mib 8 --num-threads 2)
+  OVERLAP=(--num-prompts 4 --output-len 4 --repeat 1 --num-threads 2
+           --engine-arg max_total_tokens=512 --engine-arg max_running_requests=4)
   TESTS=(tests/unit/test_triton_attention.py -k "default_tiles or mixed")
   COMPILE_DTYPES=(bf16)
 else
@@ -86,6 +88,7 @@ else
   OFFLINE=(--num-prompts 128 --input-len-min 128 --input-len-max 512 --output-len 128
            --repeat 2 --max-running-requests 128 --max-total-tokens 131072)
   ONE_BATCH=(--batch-sizes 1 32 128 --prompt-len 512 --decode-steps 16 --repeat 2)
+  OVERLAP=(--num-prompts 64 --output-len 64 --repeat 3)
   COMPILE_DTYPES=(bf16 fp32)
   TESTS=(tests/unit/test_triton_attention.py tests/unit/test_triton_compile.py
          tests/integration/test_triton_engine.py tests/integration/test_cuda_graph.py
@@ -140,6 +143,13 @@ for m in "${MODELS[@]}"; do
     step "one-batch-$(basename "$m")-$variant" 90 bash -c 'bench "$@"' _ one-batch --model "$m" \
       --dtype "$DTYPE" "${ONE_BATCH[@]}" "${DEVICE_ARGS[@]}" "${EARGS[@]}" --output-file "$BENCH"
   done
+done
+
+# --- 6. overlap on vs off with the device-clock bubble (issue 5's < 2% and 1.1x goals)
+for m in "${MODELS[@]}"; do
+  step "overlap-$(basename "$m")" 120 bash -c 'bench "$@"' _ overlap --model "$m" \
+    --workload decode "${OVERLAP[@]}" "${DEVICE_ARGS[@]}" --engine-arg dtype=$DTYPE \
+    --output-file "$BENCH"
 done
 
 rm -rf "$WORK"

@@ -2,7 +2,8 @@
 
 Standard library only, so that the summary prints even when radixlm cannot be imported.
 Reads OUT/steps.tsv (one line per step: name, status, seconds, log hint) and OUT/bench.jsonl
-(the JSON lines of `radixlm bench offline` and `radixlm bench one-batch`).
+(the JSON lines of `radixlm bench offline`, `radixlm bench one-batch` and `radixlm bench
+overlap`).
 """
 
 from __future__ import annotations
@@ -81,10 +82,27 @@ def _one_batch(records: list[dict]) -> str:
                    "achieved GB/s", "roofline share", "copy GB/s"], rows)
 
 
+def _overlap(records: list[dict]) -> str:
+    rows = []
+    for rec in records:
+        on, off = rec.get("overlap", {}), rec.get("serial", {})
+        pct = lambda r: f"{100 * r.get('median_bubble_share_of_wall', float('nan')):.2f}%"
+        rows.append([os.path.basename(str(rec.get("model", "?")).rstrip("/")),
+                     f"{on.get('median_output_tok_s', float('nan')):.1f}",
+                     f"{off.get('median_output_tok_s', float('nan')):.1f}",
+                     f"{rec.get('throughput_ratio_median', float('nan')):.3f}x",
+                     pct(on), pct(off),
+                     f"{off.get('median_schedule_ms_per_step', float('nan')):.2f}",
+                     f"{off.get('median_forward_ms_per_step', float('nan')):.2f}"])
+    return _table(["model", "overlap tok/s", "serial tok/s", "overlap/serial",
+                   "bubble overlap", "bubble serial", "sched ms/step", "fwd ms/step"], rows)
+
+
 def summary(out_dir: str) -> str:
     records = _records(os.path.join(out_dir, "bench.jsonl"))
     offline = [r for r in records if r.get("benchmark") == "offline"]
     one_batch = [r for r in records if r.get("benchmark") == "one-batch"]
+    overlap = [r for r in records if r.get("bench") == "overlap"]
     parts = ["== gpu_check summary ==", "", "steps (logs: gpu_check.log):",
              _steps(os.path.join(out_dir, "steps.tsv"))]
     machine = next((r.get("machine") for r in records if r.get("machine")), None)
@@ -93,7 +111,9 @@ def summary(out_dir: str) -> str:
     parts += ["", "offline throughput (radixlm bench offline, median of repeats):",
               _offline(offline) if offline else "(no results)",
               "", "one-batch decode (radixlm bench one-batch):",
-              _one_batch(one_batch) if one_batch else "(no results)"]
+              _one_batch(one_batch) if one_batch else "(no results)",
+              "", "overlap vs serial scheduler, decode (radixlm bench overlap, medians):",
+              _overlap(overlap) if overlap else "(no results)"]
     return "\n".join(parts)
 
 
