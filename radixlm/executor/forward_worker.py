@@ -159,7 +159,9 @@ class ForwardWorker:
             out = self.runner.sample(logits, info)
             self.relay[task.rows] = out.next_token_ids
             _count_penalty_tokens(reqs, out.next_token_ids)
-            return SampleOutput(self.streams.to_host(out.next_token_ids), out.logprobs)
+            lp = out.logprob_tensors
+            return SampleOutput(self.streams.to_host(out.next_token_ids),
+                                None if lp is None else lp.map_tensors(self.streams.to_host))
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         """The batch's logits. Out of memory (a CUDA OOM, a failed host allocation): run it

@@ -113,11 +113,49 @@ class SamplingBatchInfo:
 
 
 @dataclass
+class LogprobTensors:
+    """The logprobs a batch asked for, still as tensors: read on the scheduler thread
+    (`token_logprobs`), after the one-step-late wait, so the forward thread never waits
+    for the device to turn them into Python numbers."""
+    chosen: torch.Tensor  # [B] float32: log-probability of each row's sampled token
+    top_values: torch.Tensor | None  # [B, k_max] float32, k_max = the batch's largest ask
+    top_ids: torch.Tensor | None  # [B, k_max] int64
+    want: list[bool]  # rows that asked for logprobs
+    top_counts: list[int]  # alternatives each row asked for (<= k_max)
+
+    def map_tensors(self, fn) -> "LogprobTensors":
+        opt = lambda t: None if t is None else fn(t)  # noqa: E731
+        return LogprobTensors(fn(self.chosen), opt(self.top_values), opt(self.top_ids),
+                              self.want, self.top_counts)
+
+    def token_logprobs(self, next_ids: list[int]) -> list[TokenLogprob | None]:
+        chosen = self.chosen.tolist()
+        top_vals = self.top_values.tolist() if self.top_values is not None else None
+        top_ids = self.top_ids.tolist() if self.top_ids is not None else None
+        out: list[TokenLogprob | None] = []
+        for i, want in enumerate(self.want):
+            if not want:
+                out.append(None)
+                continue
+            k = self.top_counts[i]  # this request's count, not the batch max
+            top = list(zip(top_ids[i][:k], top_vals[i][:k])) if top_ids is not None else []
+            out.append(TokenLogprob(next_ids[i], chosen[i], top))
+        return out
+
+
+@dataclass
 class SampleOutput:
     # [B] int64: on the sampling device; on CUDA the forward worker hands the scheduler a
     # pinned host copy, complete once ForwardWorker.wait returned (executor/cuda_streams.py).
     next_token_ids: torch.Tensor
-    logprobs: list[TokenLogprob | None]
+    # None when no row asked for logprobs; copied to the host like next_token_ids.
+    logprob_tensors: LogprobTensors | None = None
+
+    def token_logprobs(self) -> list[TokenLogprob | None]:
+        """Per row: its TokenLogprob, or None where it did not ask (host reads)."""
+        if self.logprob_tensors is None:
+            return [None] * len(self.next_token_ids)
+        return self.logprob_tensors.token_logprobs(self.next_token_ids.tolist())
 
 
 class Sampler:
@@ -175,27 +213,17 @@ class Sampler:
 
     @staticmethod
     def _logprobs(raw: torch.Tensor | None, next_ids: torch.Tensor,
-                  info: SamplingBatchInfo) -> list[TokenLogprob | None]:
+                  info: SamplingBatchInfo) -> LogprobTensors | None:
+        """Device tensors only (no host read here: see LogprobTensors)."""
         if raw is None:
-            return [None] * len(info.greedy)
-        chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
+            return None
+        chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1)
         top_vals = top_ids = None
         k_max = max(info.top_logprobs)
         if k_max:
             top_vals, top_ids = raw.topk(k_max, dim=-1)
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        ids = next_ids.tolist()
-        out: list[TokenLogprob | None] = []
-        for i, want in enumerate(info.want_logprobs):
-            if not want:
-                out.append(None)
-                continue
-            top: list[tuple[int, float]] = []
-            if top_ids is not None:
-                k = info.top_logprobs[i]  # this request's count, not the batch max
-                top = list(zip(top_ids[i][:k], top_vals[i][:k]))
-            out.append(TokenLogprob(ids[i], chosen[i], top))
-        return out
+        return LogprobTensors(chosen, top_vals, top_ids, list(info.want_logprobs),
+                              list(info.top_logprobs))
 
 
 _MASK64 = (1 << 64) - 1

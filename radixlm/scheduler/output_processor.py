@@ -40,8 +40,8 @@ class OutputProcessor:
         """Append one sampled token to each request; return outputs of streaming ones
         that are still running (finished requests are emitted when they are freed)."""
         outs = []
-        # A host tensor (ForwardWorker.wait waited for it on CUDA): no device sync here.
-        for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.logprobs):
+        # Host tensors (ForwardWorker.wait waited for them on CUDA): no device sync here.
+        for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.token_logprobs()):
             if req.finished:  # aborted while its step ran, or (overlap) finished by the
                 # previous step's token: this one is discarded and never reaches a client
                 continue

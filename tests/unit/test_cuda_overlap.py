@@ -151,14 +151,18 @@ def test_launch_does_not_wait_for_a_running_forward(tiny_llama_dir):
 # the task, multinomial draws with per-request generators.
 PENALIZED = SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=3,
                            frequency_penalty=0.5, repetition_penalty=1.2, ignore_eos=True)
+# Logprobs with alternatives: read on the scheduler thread from pinned copies.
+LOGPROBS = SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True, top_logprobs=3,
+                          ignore_eos=True)
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-@pytest.mark.parametrize("params", [GREEDY, PENALIZED], ids=["greedy", "penalized"])
+@pytest.mark.parametrize("params", [GREEDY, PENALIZED, LOGPROBS],
+                         ids=["greedy", "penalized", "logprobs"])
 def test_forward_thread_enqueues_a_step_without_waiting_for_the_device(tiny_llama_dir, phase,
                                                                       params):
     """No host sync on the forward thread in a prefill (triton extend, CUDA-graph-free) or
-    a decode step (a graph replay), greedy or sampled with penalties (no logprobs): the
+    a decode step (a graph replay), greedy, sampled with penalties, or with logprobs: the
     task's future completes while the device is still running it."""
     eng = engine(tiny_llama_dir, max_total_tokens=4096)
     eng.generate(prompts(4, seed=6), params)  # warm-up with the same shapes

@@ -81,7 +81,7 @@ def test_logprobs_of_chosen_and_top():
     reqs = [make_req(0, temperature=0.0, logprobs=True, top_logprobs=3), make_req(1, temperature=0.0)]
     out = sample(reqs, logits)
     lp = torch.log_softmax(logits, -1)
-    first = out.logprobs[0]
+    first, second = out.token_logprobs()
     assert abs(first.logprob - lp[0].max().item()) < 1e-5
     assert [t for t, _ in first.top] == lp[0].topk(3).indices.tolist()
-    assert out.logprobs[1] is None
+    assert second is None
