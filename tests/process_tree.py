@@ -1,6 +1,6 @@
 """Server processes in the e2e tests: a free port, waiting until a started server is
-healthy, and process-tree checks (which processes it started, whether any outlives it,
-read from /proc; zombies count as gone)."""
+healthy, stopping it, and process-tree checks (which processes it started, whether any
+outlives it, read from /proc; zombies count as gone)."""
 
 from __future__ import annotations
 
@@ -88,3 +88,23 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def terminate_tree(proc: subprocess.Popen, started: set[int], term_wait_s: float = 30,
+                   reap_wait_s: float = 15) -> tuple[bool, list[int]]:
+    """SIGTERM `proc` (SIGKILL if it has not exited after `term_wait_s`), then wait up to
+    `reap_wait_s` for the processes it started (`started`, taken while it ran) to exit.
+    Returns whether it obeyed SIGTERM and the started pids still alive."""
+    obeyed = True
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=term_wait_s)
+        except subprocess.TimeoutExpired:
+            obeyed = False
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + reap_wait_s
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return obeyed, [p for p in started if alive(p)]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.process_tree import alive, descendants, free_port, wait_healthy
+from tests.process_tree import descendants, free_port, terminate_tree, wait_healthy
 
 
 def _have_default_model() -> bool:
@@ -61,17 +61,9 @@ def server() -> Iterator[str]:
     finally:
         if proc.poll() is None:
             started = descendants(proc.pid)
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                pytest.fail(f"server ignored SIGTERM:\n{log_tail()}")
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in started) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        orphans = [p for p in started if alive(p)]
+        obeyed, orphans = terminate_tree(proc, started)
+        if not obeyed:
+            pytest.fail(f"server ignored SIGTERM:\n{log_tail()}")
         log.close()
         os.unlink(log.name)
         assert not orphans, f"child processes left after SIGTERM: {orphans}"

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.process_tree import (alive, children, cmdline, descendants, free_port,
-                                wait_healthy)
+                                terminate_tree, wait_healthy)
 
 openai = pytest.importorskip("openai")
 
@@ -61,18 +61,7 @@ def dp(tiny_llama_dir: str) -> Iterator[DP]:
         wait_healthy(proc, d.url, STARTUP_TIMEOUT_S, d.log_tail)
         yield d
     finally:
-        started = descendants(proc.pid)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in started) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        orphans = [p for p in started if alive(p)]
+        _, orphans = terminate_tree(proc, descendants(proc.pid))
         for p in orphans:
             os.kill(p, signal.SIGKILL)
         log.close()
