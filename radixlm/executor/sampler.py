@@ -12,7 +12,9 @@ Order of operations (as in vLLM/SGLang):
      the filtered distribution at u = hash(seed, p) (`deterministic_uniform`), summed in
      vocabulary order. It depends only on (seed, position, distribution): not on the
      batch, on retractions, or on how many draws the request made before.
-Logprobs are those of the model's distribution (log_softmax of the raw logits).
+Logprobs are those of the model's distribution (log_softmax of the raw logits); they leave
+the sampler as device tensors (`LogprobTensors`) and become Python numbers on the
+scheduler thread, after the one-step-late wait for the batch.
 Per-step Python work is a loop over the batch (generator draws), never over tokens.
 """
 
