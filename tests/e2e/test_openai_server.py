@@ -277,3 +277,13 @@ def test_flush_cache_refused_while_running_then_ok(client: Any, model: str, serv
     assert r.status_code == 200, r.text
     pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
     assert pool["held_by_cache"] == 0 and pool["free_kv_slots"] == pool["total_kv_slots"]
+
+
+def test_get_server_info_reports_the_scheduler_start_up(server: str) -> None:
+    """What the scheduler process sends once it is ready reaches /get_server_info: the
+    memory plan it allocated and the CUDA-graph batch sizes (none on the CPU)."""
+    info = httpx.get(server + "/get_server_info", timeout=30).json()
+    assert info["memory_plan"]["kv_tokens"] == info["max_total_tokens"] > 0
+    assert info["max_running_requests"] == 8
+    assert "cuda_graph_batch_sizes" in info and info["cuda_graph_batch_sizes"] is None
+    assert info["server_args"]["cuda_graph_max_bs"] == 160
