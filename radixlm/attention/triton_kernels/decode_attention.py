@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.attention.triton_kernels.online_softmax import M_INIT, online_softmax_step
+from radixlm.attention.triton_kernels.online_softmax import M_INIT, attend_pool_range
 
 
 @triton.jit
@@ -59,19 +59,10 @@ def _decode_stage1(Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Nu
         m_i = tl.full([BLOCK_H], M_INIT, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            # KV slot of each position; masked positions read slot 0 (the dummy).
-            loc = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=n_mask, other=0).to(tl.int64)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(K_buf + loc[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                        mask=kv_mask, other=0.0).to(q.dtype)
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
-            scores = tl.where(n_mask[None, :], scores, float("-inf"))
-            v = tl.load(V_buf + loc[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=kv_mask, other=0.0).to(q.dtype)
-            m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, DOT_PRECISION)
+        m_i, l_i, acc = attend_pool_range(
+            q, m_i, l_i, acc, start, end, row, Req_to_token, stride_r2t, K_buf, V_buf,
+            stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, d_mask, sm_scale,
+            BLOCK_N, DOT_PRECISION)
         out_mask = h_mask[:, None] & d_mask[None, :]
         tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + s * stride_mos
                  + offs_d[None, :], acc / l_i[:, None], mask=out_mask)

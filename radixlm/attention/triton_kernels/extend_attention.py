@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from radixlm.attention.triton_kernels.decode_attention import dot_precision
-from radixlm.attention.triton_kernels.online_softmax import M_INIT, online_softmax_step
+from radixlm.attention.triton_kernels.online_softmax import (M_INIT, attend_pool_range,
+                                                             online_softmax_step)
 
 
 @triton.jit
@@ -48,18 +49,10 @@ def _extend_kernel(Q, K_ext, V_ext, O, K_buf, V_buf, Req_to_token, Req_pool_indi
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
         # 1. The cached prefix, through req_to_token: no causal mask (all of it precedes).
-        for n0 in range(0, prefix_len, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < prefix_len
-            loc = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=n_mask, other=0).to(tl.int64)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(K_buf + loc[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                        mask=kv_mask, other=0.0).to(q.dtype)
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
-            scores = tl.where(n_mask[None, :], scores, float("-inf"))
-            v = tl.load(V_buf + loc[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=kv_mask, other=0.0).to(q.dtype)
-            m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, DOT_PRECISION)
+        m_i, l_i, acc = attend_pool_range(
+            q, m_i, l_i, acc, 0, prefix_len, row, Req_to_token, stride_r2t, K_buf, V_buf,
+            stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, d_mask, sm_scale,
+            BLOCK_N, DOT_PRECISION)
 
         # 2. The new tokens, causal: query i sees j <= i, so this block of queries needs
         # keys only up to its last query, min(m_start + BLOCK_M, ext_len) - 1.
