@@ -78,15 +78,8 @@ class ForwardBatch:
         host->device copy, which on CUDA waits for the stream)."""
         if self.extend_start_loc is not None:
             return self.extend_prefix_lens, self.extend_seq_lens, self.extend_start_loc
-        prefix, ext, start = extend_index_host(self.extend_prefix_lens_cpu,
-                                               self.extend_seq_lens_cpu)
+        prefix = torch.tensor(self.extend_prefix_lens_cpu, dtype=torch.int32)
+        ext = torch.tensor(self.extend_seq_lens_cpu, dtype=torch.int32)
+        start = torch.cumsum(ext, 0, dtype=torch.int32) - ext
         dev = self.input_ids.device
         return prefix.to(dev), ext.to(dev), start.to(dev)
-
-
-def extend_index_host(prefix_lens: list[int],
-                      extend_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ForwardBatch.extend_prefix_lens / extend_seq_lens / extend_start_loc on the host."""
-    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
-    ext = torch.tensor(extend_lens, dtype=torch.int32)
-    return prefix, ext, torch.cumsum(ext, 0, dtype=torch.int32) - ext

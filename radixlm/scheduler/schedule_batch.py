@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode, extend_index_host
+from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.scheduler.req import Req
@@ -126,7 +126,6 @@ class ScheduleBatch:
         rider_ids, future_idx, future_rows = _newest_tokens(riders, offset=len(input_ids))
         input_ids.extend(rider_ids)  # == fill_ids[kv_len], or a relay placeholder
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        prefix32, ext32, start32 = extend_index_host(prefix_lens, extend_lens)
         self.forward_batch = ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=len(reqs),
@@ -141,7 +140,8 @@ class ScheduleBatch:
             extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens,
             req_pool_indices_cpu=[r.req_pool_idx for r in reqs],
-            extend_prefix_lens=prefix32, extend_seq_lens=ext32, extend_start_loc=start32,
+            extend_prefix_lens=prefix.to(torch.int32), extend_seq_lens=ext.to(torch.int32),
+            extend_start_loc=start.to(torch.int32),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
             **_future_fields(future_idx, future_rows),
