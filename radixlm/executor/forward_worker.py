@@ -104,9 +104,7 @@ class ForwardWorker:
         if info is None and self.streams.sampling_info_at_launch and reqs:
             # Host tensors, staged with the batch: no device sync on the forward thread.
             # The penalty counts are the forward thread's (the previous task updates them).
-            info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
-                                               torch.device("cpu"), positions=task.positions,
-                                               penalty_state=False)
+            info = self._sampling_info(task, torch.device("cpu"), penalty_state=False)
         (fb, info, keep, rows), sync = self.streams.stage(
             [task.forward_batch, info, task.keep, task.rows], gap_counts=self.timer.launched())
         task = dataclasses.replace(task, forward_batch=fb, sampling_info=info, keep=keep,
@@ -121,6 +119,12 @@ class ForwardWorker:
             fut.set_exception(e)
         self.blocked_s += time.perf_counter() - t0
         return InFlight(fut, sync)
+
+    def _sampling_info(self, task: ForwardTask, device: torch.device,
+                       penalty_state: bool) -> SamplingBatchInfo:
+        return SamplingBatchInfo.from_reqs(task.sampling_reqs, self.runner.vocab_size, device,
+                                           positions=task.positions, penalty_state=penalty_state,
+                                           deterministic=self.runner.sampler.deterministic)
 
     def wait(self, launched: InFlight) -> SampleOutput | None:
         """The batch's sampled tokens, on the host (re-raises the forward's exception).
@@ -152,8 +156,7 @@ class ForwardWorker:
                 logits = logits[task.keep]
             info = task.sampling_info
             if info is None:
-                info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size,
-                                                   self.runner.device, positions=task.positions)
+                info = self._sampling_info(task, self.runner.device, penalty_state=True)
             elif info.penalized_rows:
                 info.attach_penalty_state(reqs)
             out = self.runner.sample(logits, info)

@@ -56,19 +56,21 @@ class SamplingBatchInfo:
     seeds: list[int | None] | None = None
     positions: list[int] | None = None
     # [S] float64, per drawing row: deterministic_uniform(seed, position), the draw of
-    # --enable-deterministic-inference (computed with the batch, like sample_rows).
+    # --enable-deterministic-inference (computed with the batch, like sample_rows; None
+    # outside that mode).
     uniforms: torch.Tensor | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
-                  positions: list[int] | None = None,
-                  penalty_state: bool = True) -> "SamplingBatchInfo":
+                  positions: list[int] | None = None, penalty_state: bool = True,
+                  deterministic: bool = False) -> "SamplingBatchInfo":
         """`positions`: where each request's sampled token goes (the forward batch's
         seq_lens). Default: req.seq_len, right only when every earlier sample of the request
         has been appended (the serial loop; the overlap loop must pass them).
         `penalty_state=False`: leave output_counts / seen_mask to `attach_penalty_state`
         (the forward worker builds the rest at launch, before the previous step's counts
-        are in)."""
+        are in). `deterministic`: also the counter-based draws' uniforms (what
+        Sampler(deterministic=True) draws with)."""
         ps = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in ps]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, ps)]
@@ -91,9 +93,10 @@ class SamplingBatchInfo:
                    for g, p, r in zip(greedy, ps, reqs)],
             positions=list(positions) if positions is not None else [r.seq_len for r in reqs],
         )
-        info.uniforms = torch.tensor(
-            [deterministic_uniform(info.seeds[i], info.positions[i])
-             for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
+        if deterministic:
+            info.uniforms = torch.tensor(
+                [deterministic_uniform(info.seeds[i], info.positions[i])
+                 for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
         rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
         if rows:
             info.penalized_rows = rows
@@ -181,6 +184,7 @@ class Sampler:
             # depend on the batch; the draw scales u by the row's own cumulative total.
             probs = self._cut(probs, info, rows, normalize=not self.deterministic)
             if self.deterministic:
+                assert info.uniforms is not None, "from_reqs(deterministic=True) makes them"
                 next_ids[rows] = inverse_cdf_draw(probs, info.uniforms)
             else:
                 for j, i in enumerate(sample_rows):
