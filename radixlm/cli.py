@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 
 
 def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.process_threads import setup_helper_threads
+
+    setup_helper_threads()  # the API (or router) process runs torch single-threaded
     from radixlm.models import ModelNotFoundError
     from radixlm.process_utils import setup_logging
     from radixlm.router.launch_dp import DPLaunchError, launch_dp
@@ -88,9 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before torch loads: spin-waiting OpenMP threads starve each other (and the API and
-    # detokenizer processes) on a small CPU; passive waiting measured 2.5-4x faster
-    # there under load (docs/benchmarks.md). Users can still override it.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OMP_WAIT_POLICY is left to the user: libgomp's default (spin a while before sleeping)
+    # is fastest on an idle machine; PASSIVE helps on a busy, shared CPU (docs/tuning.md).
     ns = build_parser().parse_args(argv)
     ns.func(ns)

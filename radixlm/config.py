@@ -28,10 +28,17 @@ class ServerArgs:
     host: str = _opt("127.0.0.1", "HTTP host.")
     port: int = _opt(30000, "HTTP port.")
     api_key: str | None = _opt(None, "If set, requests need 'Authorization: Bearer <key>'.")
-    dtype: str = _opt("auto", "Weight and activation dtype. auto: float32 on CPU (fastest "
-                      "there, see docs/benchmarks.md), bfloat16 on CUDA.",
+    dtype: str = _opt("auto", "Weight and activation dtype. auto: bfloat16 on CUDA; on the CPU "
+                      "bfloat16 when it has AMX-BF16 or AVX512-BF16, else float32 (emulated "
+                      "bf16 is slower there, docs/benchmarks.md). /get_server_info shows "
+                      "the choice and why.",
                       ["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("auto", "auto picks cuda when available, else cpu.", ["auto", "cpu", "cuda"])
+    num_threads: int | None = _opt(
+        None, "Compute threads (torch intra-op) of the scheduler process (offline: of the "
+        "Engine's process). Default: one per physical core available to the process, "
+        "shared out among this host's --tp-size ranks on the CPU. The API and detokenizer "
+        "processes run single-threaded.")
     attention_backend: str = _opt(
         "auto", "Attention kernels. auto: triton on CUDA (when triton is installed), torch "
         "elsewhere. triton runs on the CPU only under TRITON_INTERPRET=1 (tests).",
@@ -57,6 +64,17 @@ class ServerArgs:
         "auto", "KV cache dtype. auto: the run dtype. fp8_* are planning-only for now "
         "(radixlm memory); the engine refuses them.",
         ["auto", "bfloat16", "float16", "float32", "fp8_e4m3", "fp8_e5m2"])
+    quantization: str = _opt(
+        "auto", "Weight format of the linear layers. auto: a GGUF's Q4_0/Q4_1 layers keep "
+        "their 4-bit weights (int4 groupwise kernel for decode batches of up to 4 requests, "
+        "the same weights dequantized for larger calls; bfloat16 CPU runs only), everything "
+        "else dense; none: dequantize everything to the run dtype; int8: quantize dense "
+        "weights to int8 weight-only per output channel at load (bfloat16 CPU runs). "
+        "Dense weights are prepacked for oneDNN on the CPU (docs/tuning.md).",
+        ["auto", "none", "int8"])
+    disable_weight_prepack: bool = _opt(
+        False, "Run dense linear layers through F.linear instead of weights prepacked once "
+        "for oneDNN (CPU; for comparisons: prepacked is faster).")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
     chunked_prefill_size: int | None = _opt(
         None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from radixlm.config import ServerArgs
 from radixlm.messages import AbortReq, ReqStrOut, TokenizedGenerateReq
+from radixlm.process_threads import setup_compute_threads
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.process import build_scheduler
 from radixlm.tokenizer.detokenizer import Detokenizer
@@ -24,6 +25,10 @@ Prompt = str | list[int]
 class Engine:
     def __init__(self, model: str | None = None, **server_args: Any) -> None:
         self.args = ServerArgs(model=model, **server_args)
+        # The scheduler runs in the caller's process: its thread count is the caller's
+        # (torch's default: one per physical core) unless num_threads is given.
+        if self.args.num_threads is not None:
+            setup_compute_threads(self.args, set_env=False)
         self.scheduler, self.tokenizer = build_scheduler(self.args)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._ids = itertools.count()

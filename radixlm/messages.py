@@ -150,6 +150,11 @@ class SchedulerReady:
     memory_plan: Any = None
     # Decode batch sizes replayed from CUDA graphs (None: graphs off).
     cuda_graph_batch_sizes: list[int] | None = None
+    # The run dtype (e.g. "bfloat16") and why --dtype gave it; the scheduler's torch
+    # intra-op thread count. /get_server_info shows them.
+    dtype: str | None = None
+    dtype_reason: str | None = None
+    num_threads: int | None = None
 
 
 @dataclass(slots=True)

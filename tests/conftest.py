@@ -16,7 +16,22 @@ import torch  # noqa: E402
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+TEST_THREADS = max(1, min(2, os.cpu_count() or 1))
+torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_independent_defaults():
+    """The suite does not depend on the machine it runs on: `--dtype auto` resolves as on
+    a CPU without native bf16 (float32) whatever this CPU has; the tests of that choice
+    patch radixlm.cpu_features themselves. Servers started as subprocesses (tests/e2e)
+    see the real machine."""
+    from radixlm import cpu_features
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cpu_features, "cpu_flags", lambda: frozenset())
+    yield
+    mp.undo()
 
 
 def default_model_installed() -> bool:

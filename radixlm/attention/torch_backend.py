@@ -1,8 +1,8 @@
 """Torch attention backend: scaled_dot_product_attention over K/V gathered from the pool.
 
 Runs on any device torch runs on. Extend loops over requests (one SDPA call each, work
-per step grows with the batch, not the tokens); decode is one batched SDPA over K/V
-gathered into a padded [B, max_seq_len] layout.
+per step grows with the batch, not the tokens); decode is one batched attention (two
+matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
 """
 
 from __future__ import annotations
@@ -79,14 +79,21 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 layer: "RadixAttention") -> torch.Tensor:
+        """Two batched matmuls in float32 over the gathered K/V. Each KV head's group of
+        Q heads is one [group, d] x [d, L] product (GQA without repeating K/V). Faster
+        than SDPA's CPU kernel for one query row (which is built for long queries: 2.4
+        vs 1.7 ms per layer at batch 32 x 150 positions in bf16) and closer to the exact
+        result (float32 scores and softmax)."""
         md = self.decode_md
-        # [B, L, kvh, d] -> [B, kvh, L, d]
-        k = k_buf[md.kv_index].transpose(1, 2).to(q.dtype)
-        v = v_buf[md.kv_index].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=md.mask,
-                                             scale=layer.scaling,
-                                             enable_gqa=layer.num_heads != layer.num_kv_heads)
-        return out.squeeze(2)  # [B, heads, d]
+        b, heads, d = q.shape
+        kvh = layer.num_kv_heads
+        k = k_buf[md.kv_index].permute(0, 2, 3, 1).float()  # [B, kvh, d, L]
+        v = v_buf[md.kv_index].permute(0, 2, 1, 3).float()  # [B, kvh, L, d]
+        qg = q.view(b, kvh, heads // kvh, d).float()
+        scores = torch.matmul(qg, k).mul_(layer.scaling)  # [B, kvh, group, L]
+        scores.masked_fill_(~md.mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, kvh, group, d]
+        return out.view(b, heads, d).to(q.dtype)
 
     def _extend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:

@@ -4,8 +4,9 @@ and how close decode comes to the memory-bandwidth roofline.
 A decode step of batch B reads every weight once (matmuls are matrix-vector products at
 small B, bound by memory) plus each request's whole K and V. Bytes per step:
 
-    weights: every parameter byte, except that an untied input embedding only has B rows
-             read (a tied one is the lm_head too, read whole);
+    weights: what each linear method reads for B rows (a quantized method's 4/8-bit
+             kernel bytes up to its row limit, its dense fallback's beyond), the B rows
+             of the input embedding that are looked up, and the norms;
     KV:      B * seq_len * num_layers * 2 (K and V) * kv_heads * head_dim * element size,
              where seq_len = prompt_len + k at decode step k (1-based: the step that
              samples token k+1 attends over the prompt and k generated tokens).
@@ -32,6 +33,8 @@ from radixlm.bench.report import append_json_line, format_table, machine_info, u
 from radixlm.bench.threads import torch_threads
 from radixlm.bench.workload import RandomWorkload, random_prompts
 from radixlm.engine import Engine
+from radixlm.models.linear.method import storage_key
+from radixlm.models.linear.policy import method_storage_keys, top_level_methods
 from radixlm.models.loader import resolve_model_path
 
 
@@ -84,19 +87,24 @@ class StepBytes:
 
 
 def step_bytes(engine: Engine, batch: int) -> StepBytes:
+    """Each linear method's bytes for a call of `batch` rows (a quantized method's kernel
+    bytes, or its dense fallback's past its row limit; models/linear/), the input
+    embedding's `batch` rows (all of it when a dense tied head reads it whole), and the
+    other parameters (norms) whole."""
     runner = engine.scheduler.runner
     model = runner.model
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    # radixlm's Llama: model.model.embed_tokens (a VocabParallelEmbedding, this rank's
-    # rows); lm_head is None when tied to it.
+    weights = sum(m.bytes_read(batch) for m in top_level_methods(model))
+    in_methods = method_storage_keys(model)
+    # radixlm's Llama: model.model.embed_tokens (a VocabParallelEmbedding, this rank's rows).
     emb = getattr(getattr(model, "model", model), "embed_tokens", None)
     emb_w = getattr(emb, "weight", None)
-    lm_head = getattr(model, "lm_head", None)
-    tied = lm_head is None or (emb_w is not None
-                               and lm_head.weight.data_ptr() == emb_w.data_ptr())
-    if emb_w is not None and not tied:
-        # Untied: the input embedding is a lookup of `batch` rows, not a full read.
-        weights -= (emb_w.shape[0] - batch) * emb_w.shape[1] * emb_w.element_size()
+    for p in model.parameters():
+        if storage_key(p) in in_methods:
+            continue  # counted by its method (a dense tied head reads the embedding whole)
+        if p is emb_w:
+            weights += batch * p.shape[1] * p.element_size()  # a lookup of `batch` rows
+        else:
+            weights += p.numel() * p.element_size()
     kv = runner.token_to_kv_pool
     elem = torch.empty((), dtype=kv.dtype).element_size()
     return StepBytes(weights, kv.num_layers * 2 * kv.kv_heads * kv.head_dim * elem)

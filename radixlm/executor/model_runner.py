@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from radixlm import cpu_features
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
@@ -34,7 +35,8 @@ from radixlm.mem.planner import (DTYPE_BYTES, ENGINE_KV_CACHE_DTYPES, MemoryPlan
 from radixlm.mem.units import parse_size
 from radixlm.mem.weight_estimate import kv_heads_per_rank, module_bytes
 from radixlm.models import ModelConfig, load_model
-from radixlm.models.batch_invariant import BatchInvariantOps, make_batch_invariant
+from radixlm.models.batch_invariant import BatchInvariantOps
+from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -50,12 +52,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def choose_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """The run dtype for --dtype `name` and why. auto: bfloat16 on CUDA; on the CPU
+    bfloat16 when it has native bf16 dot products (AMX-BF16 or AVX512-BF16), else float32,
+    which measured fastest there without them (docs/benchmarks.md, "dtype on the CPU")."""
+    if name != "auto":
+        return _DTYPES[name], "given by --dtype"
+    if device.type == "cuda":
+        return torch.bfloat16, "CUDA"
+    fast = cpu_features.fast_bf16_flags()
+    if fast:
+        return torch.bfloat16, f"CPU has {' and '.join(fast)}"
+    return torch.float32, "CPU has neither amx_bf16 nor avx512_bf16"
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on CUDA; float32 on CPU, where it measured fastest for the default
-    model on CPUs without AVX-512 BF16/AMX (docs/benchmarks.md, "dtype on the CPU")."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    return choose_dtype(name, device)[0]
 
 
 def resolve_chunked_prefill_size(value: int | None, device: torch.device) -> int:
@@ -93,9 +105,18 @@ class ModelRunner:
             # This rank's GPU (set by init_tensor_parallel), named explicitly: the current
             # device is per thread, and the forward thread starts on cuda:0.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.dtype, self.dtype_reason = choose_dtype(args.dtype, self.device)
+        logger.info("dtype %s -> %s (%s)", args.dtype, str(self.dtype).removeprefix("torch."),
+                    self.dtype_reason)
         t0 = time.perf_counter()
-        self.model, self.model_config = load_model(model_path, self.dtype, self.device, ctx=ctx)
+        self.linear_policy = LinearPolicy(
+            quantization=args.quantization, prepack=not args.disable_weight_prepack,
+            # Deterministic inference: every GEMM on fixed row tiles (docs/deterministic.md);
+            # no quantized kernels (they switch by batch size).
+            gemm=BatchInvariantOps().linear if args.enable_deterministic_inference else None)
+        self.model, self.model_config = load_model(model_path, self.dtype, self.device, ctx=ctx,
+                                                   linear_policy=self.linear_policy)
+        self.weight_formats = weight_bytes_by_format(self.model)
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
@@ -122,8 +143,7 @@ class ModelRunner:
                                               cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = KVSlotAllocator(self.max_total_tokens, self.device, self.page_size)
         if args.enable_deterministic_inference:
-            # Batch-invariant GEMMs, attention and draws (docs/deterministic.md).
-            make_batch_invariant(self.model, BatchInvariantOps())
+            # Batch-invariant attention and draws (the GEMMs: linear_policy above).
             self.attn_backend = BatchInvariantAttentionBackend()
         else:
             self.attn_backend = create_attention_backend(args.attention_backend, self.device)
@@ -168,7 +188,7 @@ class ModelRunner:
                            max_prefill_tokens=args.max_prefill_tokens, page_size=args.page_size,
                            mem_fraction_static=args.mem_fraction_static,
                            max_running_requests=args.max_running_requests, max_total_tokens=cap,
-                           tp_size=self.ctx.tp_size)
+                           tp_size=self.ctx.tp_size, weight_formats=self.weight_formats)
         if self.ctx.is_parallel:
             # Every rank must size its pools alike (the schedulers' identical decisions
             # rest on it), but each probes its own free memory: rank 0's plan is used.

@@ -24,7 +24,7 @@ from radixlm.mem.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryPlan,
                                  plan_memory)
 from radixlm.mem.units import parse_size
 from radixlm.mem.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
-                                         estimate_weights)
+                                         estimate_weights, gguf_int4_tensors)
 
 
 def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,10 +37,12 @@ def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: cuda when --device-memory is given or a GPU is present.")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES],
-                   help="Run dtype of weights and activations (auto: bfloat16 on cuda, "
-                   "float32 on cpu).")
-    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
-                   help="fp8: 1-byte linear weights (planning only).")
+                   help="Run dtype of weights and activations (auto: as the engine picks: "
+                   "bfloat16 on cuda and on CPUs with AMX-BF16/AVX512-BF16, else float32).")
+    p.add_argument("--quantization", default="auto", choices=["auto", *QUANTIZATIONS],
+                   help="auto: as the engine's --quantization auto (a GGUF's Q4_0/Q4_1 "
+                   "projections keep an int4 form on a bfloat16 CPU run); int4: that, on any "
+                   "device; fp8: 1-byte linear weights (planning only).")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPE_BYTES])
     p.add_argument("--tp-size", type=int, default=1, help="Tensor-parallel ranks; sizes "
                    "are per rank.")
@@ -88,10 +90,23 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
         import torch
 
         kind_guess = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = ns.dtype if ns.dtype != "auto" else ("bfloat16" if kind_guess == "cuda" else "float32")
+    dtype = ns.dtype
+    if dtype == "auto":
+        import torch
+
+        from radixlm.executor.model_runner import resolve_dtype
+
+        dtype = str(resolve_dtype("auto", torch.device(kind_guess))).removeprefix("torch.")
     act_bytes = DTYPE_BYTES[dtype]
     kv_bytes = act_bytes if ns.kv_cache_dtype == "auto" else KV_CACHE_DTYPE_BYTES[ns.kv_cache_dtype]
-    weights = estimate_weights(shapes, cfg, act_bytes, ns.quantization, ns.tp_size, source, stored)
+    quant = ns.quantization
+    if quant == "auto":  # the engine's int4 kernels: CPU, bfloat16 activations
+        quant = "int4" if kind_guess == "cpu" and dtype == "bfloat16" else "none"
+    int4_names = gguf_int4_tensors(path) if quant == "int4" and path.endswith(".gguf") \
+        else frozenset()
+    weights = estimate_weights(shapes, cfg, act_bytes, quant, ns.tp_size, source, stored,
+                               int4_names, dtype,
+                               prepacked_head=kind_guess == "cpu" and dtype in ("float32", "bfloat16"))
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
                       cfg.sliding_window or 1 << 30)
@@ -106,7 +121,7 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
                        page_size=ns.page_size, tp_size=ns.tp_size,
                        mem_fraction_static=ns.mem_fraction_static,
                        max_running_requests=ns.max_running_requests, max_total_tokens=cap,
-                       attention_backend=ns.attention_backend)
+                       attention_backend=ns.attention_backend, weight_formats=weights.formats)
     return plan, weights
 
 

@@ -47,6 +47,8 @@ def plan_table(plan: MemoryPlan, weights: WeightEstimate | None = None) -> str:
     lines = [head, f"  {'pool':<14}{'bytes':>12}  {'share':>6}  detail"]
     for name, n, detail in rows:
         lines.append(f"  {name:<14}{fmt_bytes(n):>12}  {_share(p, n):>6}  {detail}")
+    for fmt, n in sorted(p.weight_formats.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    weights: {fmt:<52}{fmt_bytes(n):>12}")
     lines.append(f"  --mem-fraction-static {p.mem_fraction_static:.2f} ({p.mem_fraction_rule})")
     lines.append(f"  --max-running-requests {p.max_running_requests} ({p.max_running_rule})")
     return "\n".join(lines)

@@ -121,6 +121,9 @@ class MemoryPlan:
     decode_peak: int  # one decode step of max_running_requests at full context
     activation: ActivationModel
     problems: list[PlanProblem] = field(default_factory=list)
+    # Bytes of the loaded weights by format (models/linear/policy.weight_bytes_by_format);
+    # empty when planned from shapes alone.
+    weight_formats: dict[str, int] = field(default_factory=dict)
 
     # --- the three pools --------------------------------------------------------------
 
@@ -178,6 +181,7 @@ def plan_memory(*, cfg: ModelConfig, weight_bytes: int, device: DeviceMemory, ac
                 kv_bytes: int, context_len: int, chunked_prefill_size: int,
                 max_prefill_tokens: int, page_size: int = 1, tp_size: int = 1,
                 mem_fraction_static: float | None = None,
+                weight_formats: dict[str, int] | None = None,
                 max_running_requests: int | None = None, max_total_tokens: int | None = None,
                 attention_backend: str = "torch") -> MemoryPlan:
     """The plan (see the module docstring). Never raises for lack of memory: what cannot
@@ -235,7 +239,7 @@ def plan_memory(*, cfg: ModelConfig, weight_bytes: int, device: DeviceMemory, ac
         max_running_requests=rows, max_running_rule=rows_rule, req_to_token_bytes=req_to_token,
         context_len=context_len, page_size=page_size, tp_size=tp_size, prefill_chunk=chunk,
         prefill_peak=prefill_peak, decode_peak=act.decode_peak(rows, context_len),
-        activation=act)
+        activation=act, weight_formats=dict(weight_formats or {}))
     return _with_problems(plan)
 
 

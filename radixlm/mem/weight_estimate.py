@@ -1,11 +1,13 @@
 """Weight bytes per tensor-parallel rank, from tensor shapes alone (no tensor data read).
 
 Shapes come from the model config (a directory holding only config.json), from the
-safetensors headers of a full checkpoint, or from a GGUF file's tensor table. radixlm runs
-dense weights in the run dtype (GGUF is dequantized at load), so every tensor costs
-`numel * dtype bytes` -- except, with `quantization="fp8"`, the linear projections, which
-cost 1 byte per element (per-tensor scales are negligible and not counted). Embeddings
-and lm_head stay in the run dtype under FP8, as in published FP8 checkpoints.
+safetensors headers of a full checkpoint, or from a GGUF file's tensor table. Every tensor
+costs `numel * dtype bytes` -- except, with `quantization="fp8"`, the linear projections,
+which cost 1 byte per element (per-tensor scales are negligible and not counted; planning
+only), and the `int4_names` tensors (a GGUF's Q4_0/Q4_1 projections under the engine's
+`--quantization auto` on a bf16 CPU run), which cost their int4 form
+(`int4_bytes_per_weight`) on top of the dense fallback. Embeddings and lm_head stay in the
+run dtype, as in published FP8 checkpoints.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
 split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
@@ -32,7 +34,7 @@ _LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.we
 _VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
 _REPLICATED = ("norm.weight", "o_proj.bias", "down_proj.bias")
 
-QUANTIZATIONS = ("none", "fp8")
+QUANTIZATIONS = ("none", "fp8", "int4")
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,23 @@ class WeightEstimate:
     num_params: int  # the whole model's parameters (all ranks together)
     source: str  # "config" | "safetensors" | "gguf"
     on_disk_bytes: int | None = None  # the checkpoint's tensor bytes as stored (GGUF: quantized)
+    int4_bytes: int = 0  # int4 forms of projections (their dense fallback: in linear_bytes)
+    dtype_name: str = ""  # the run dtype, for `formats`
 
     @property
     def total_bytes(self) -> int:
-        return self.embedding_bytes + self.lm_head_bytes + self.linear_bytes + self.other_bytes
+        return (self.embedding_bytes + self.lm_head_bytes + self.linear_bytes
+                + self.other_bytes + self.int4_bytes)
+
+    @property
+    def formats(self) -> dict[str, int]:
+        """Bytes by weight format, as the start-up table reports the loaded ones."""
+        linear = ("dense " + self.dtype_name + (" (fallback for large batches)"
+                                                if self.int4_bytes else "")).strip()
+        out = {"int4 groupwise": self.int4_bytes, linear: self.linear_bytes,
+               "embedding and lm_head": self.embedding_bytes + self.lm_head_bytes,
+               "other (norms, biases, RoPE)": self.other_bytes}
+        return {k: v for k, v in out.items() if v}
 
 
 def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
@@ -131,6 +146,17 @@ def gguf_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], int]:
     return shapes, stored
 
 
+def gguf_int4_tensors(path: str) -> frozenset[str]:
+    """HF names of a GGUF's Q4_0/Q4_1 projection weights (what `--quantization auto` keeps
+    as int4)."""
+    from radixlm.models.gguf_int4 import is_int4_type
+    from radixlm.models.gguf_loader import hf_name, open_gguf
+
+    return frozenset(hf_name(t.name) for t in open_gguf(path).tensors
+                     if t.name != "rope_freqs.weight" and is_int4_type(t.tensor_type)
+                     and hf_name(t.name).endswith(_LINEAR_WEIGHTS))
+
+
 def checkpoint_shapes(model_path: str, cfg: ModelConfig
                       ) -> tuple[dict[str, tuple[int, ...]], str, int | None]:
     """(shapes, source, stored bytes): real tensor sizes when the checkpoint is there, else
@@ -153,14 +179,20 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype_bytes: int,
                      quantization: str = "none", tp: int = 1, source: str = "config",
-                     on_disk_bytes: int | None = None) -> WeightEstimate:
+                     on_disk_bytes: int | None = None, int4_names: frozenset[str] = frozenset(),
+                     dtype_name: str = "", prepacked_head: bool = False) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
-    checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers."""
+    checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
+    `quantization="int4"`: the `int4_names` projections also keep their int4 form.
+    `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
+    own packed copy of the embedding."""
+    from radixlm.models.linear.int4 import int4_bytes_per_weight
+
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
     check_tp(cfg, tp)
     kv_frac = (kv_heads_per_rank(cfg, tp), cfg.num_kv_heads)  # rank's share of k/v rows
-    emb = head = linear = other = params = 0
+    emb = head = linear = other = params = int4 = 0
     for name, shape in shapes.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -185,19 +217,29 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         params += n
         if name.endswith(_LINEAR_WEIGHTS):
             linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
+            if quantization == "int4" and name in int4_names:
+                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes))
         else:
             other += per_rank * dtype_bytes
+    if prepacked_head and cfg.tie_word_embeddings:
+        head = emb
     # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank.
     other += cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
-    return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes)
+    return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes, int4,
+                          dtype_name)
 
 
 def module_bytes(model) -> int:
-    """Bytes a loaded model holds: parameters and buffers (the RoPE cache), each once."""
-    seen: set[int] = set()
+    """Bytes a loaded model holds: parameters and buffers (the RoPE cache, the linear
+    methods' packed weights), each storage once (a tied head's method shares the
+    embedding's)."""
+    from radixlm.models.linear.method import storage_key
+
+    seen: set[tuple[int, int]] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
+        key = storage_key(t)
+        if key not in seen:
+            seen.add(key)
             total += t.numel() * t.element_size()
     return total

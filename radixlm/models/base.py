@@ -8,6 +8,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.models.linear import LinearPolicy
     from radixlm.models.model_config import ModelConfig
 
 
@@ -22,6 +23,10 @@ class CausalLM(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF-named) checkpoint tensors into the parameters; every parameter
         must be covered, else ValueError."""
+
+    def finalize_linear(self, policy: "LinearPolicy") -> None:
+        """Build the LM head's LinearMethod (models/linear/); the decoder layers' linear
+        layers build their own (`apply_linear_policy` visits every module)."""
 
     def init_non_persistent_buffers(self) -> None:
         """(Re)compute buffers that are not in checkpoints, e.g. the RoPE cos/sin cache;

@@ -1,4 +1,5 @@
-"""Batch-invariant linear layers for --enable-deterministic-inference.
+"""The batch-invariant GEMM of --enable-deterministic-inference (every linear layer runs
+it as a DenseLinear: models/linear/policy.py).
 
 Why: a GEMM library picks its kernel (and with it the order in which it sums over the
 reduction dimension K) from the shape of the call. On the 2-core AVX2 CPU this project
@@ -24,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 # Rows per GEMM call. 32 keeps prefill GEMMs near full speed on the CPU (per-row cost at
 # M = 32 within a few % of M = 256) and wastes at most 31 rows of a decode batch.
@@ -58,35 +58,3 @@ class BatchInvariantOps:
         if bias is not None:
             out = out + bias
         return out.reshape(*lead, weight.shape[0])
-
-
-class BatchInvariantLinear(nn.Module):
-    """A linear layer whose forward is `BatchInvariantOps.linear`. It holds the very
-    Parameter objects of the nn.Linear it replaces (same names: weight, bias), so weight
-    loading and parameter counting see no difference."""
-
-    def __init__(self, linear: nn.Linear, ops: BatchInvariantOps) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight
-        self.bias = linear.bias
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(x, self.weight, self.bias)
-
-
-def make_batch_invariant(model: nn.Module, ops: BatchInvariantOps) -> None:
-    """Replace (in place) every nn.Linear child of `model` by a BatchInvariantLinear on the
-    same parameters, and set the model's logits projection when it has a `logits_linear`
-    hook (LlamaForCausalLM: tied embeddings are projected by a function, not a module)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, BatchInvariantLinear(child, ops))
-            elif hasattr(child, "linear_op"):
-                # Tensor-parallel linear layers (models/parallel_layers.py): same GEMM
-                # hook, the collectives around it unchanged.
-                child.linear_op = ops.linear
-    if hasattr(model, "logits_linear"):
-        model.logits_linear = ops.linear

@@ -1,7 +1,9 @@
 """GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF-named dense tensors.
 
 Tensors are dequantized on the CPU (`gguf.quants.dequantize`, numpy) one at a time and
-cast to the run dtype: radixlm runs dense weights, GGUF is only a storage format here.
+cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
+also keep their exact 4-bit groups (`QuantizedCheckpointTensor`, models/gguf_int4.py),
+which the layers' int4 method computes with.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from radixlm.models.gguf_int4 import int4_groups_from_blocks, is_int4_type
+from radixlm.models.linear import QuantizedCheckpointTensor
 from radixlm.models.model_config import ModelConfig
 
 # GGUF tensor name (with N for the layer) -> HF name.
@@ -95,8 +99,10 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtype,
-                      show_progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file."""
+                      show_progress: bool = False, int4: bool = False
+                      ) -> Iterator[tuple[str, "torch.Tensor | QuantizedCheckpointTensor"]]:
+    """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file;
+    `int4`: Q4_0/Q4_1 linear weights as QuantizedCheckpointTensor (dense + exact groups)."""
     # Only the llama converter permutes Q/K; qwen2 GGUFs keep HF's row order.
     permuted = config.architecture == "LlamaForCausalLM"
     tensors = reader.tensors
@@ -114,8 +120,19 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
         if not arr.flags.writeable:
             arr = np.array(arr)  # F32 data is a view of the read-only mmap
         w = torch.from_numpy(arr).to(dtype)
-        if permuted and ".q_proj." in name:
-            w = unpermute_qk(w, config.num_heads)
-        elif permuted and ".k_proj." in name:
-            w = unpermute_qk(w, config.num_kv_heads)
-        yield name, w
+        heads = (config.num_heads if ".q_proj." in name else
+                 config.num_kv_heads if ".k_proj." in name else None) if permuted else None
+        if heads is not None:
+            w = unpermute_qk(w, heads)
+        if int4 and is_int4_type(t.tensor_type) and _is_linear(name) and w.dim() == 2:
+            groups = int4_groups_from_blocks(t.data, t.tensor_type, *w.shape)
+            if heads is not None:
+                groups = groups.permute_rows(lambda x, n=heads: unpermute_qk(x, n))
+            yield name, QuantizedCheckpointTensor(w, groups)
+        else:
+            yield name, w
+
+
+def _is_linear(hf: str) -> bool:
+    """A decoder layer's projection weight (not the embedding, the head or a norm)."""
+    return hf.startswith("model.layers.") and hf.endswith("_proj.weight")

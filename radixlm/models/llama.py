@@ -11,13 +11,15 @@ depends on how T splits into requests except the attention backend.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixlm.attention import RadixAttention
+from radixlm.models.linear import (DenseLinear, LinearMethod, LinearPolicy, as_dense,
+                                   make_linear_method)
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
 from radixlm.models.parallel_layers import (ColumnParallelLinear, ParallelLMHead,
@@ -134,19 +136,34 @@ class LlamaForCausalLM(nn.Module):
         # by moving/materializing parameters (to_empty re-creates each Parameter).
         self.lm_head = (None if config.tie_word_embeddings
                         else ParallelLMHead(config.vocab_size, config.hidden_size, ctx))
-        # The logits GEMM (x, weight) -> x @ weight.T; deterministic inference swaps in a
-        # batch-invariant one (models/batch_invariant.py, make_batch_invariant).
-        self.logits_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
+        # The logits projection's LinearMethod, built by finalize_linear (F.linear on the
+        # head's weight until then).
+        self.logits_method: LinearMethod | None = None
 
     def forward(self, forward_batch: "ForwardBatch") -> torch.Tensor:
         hidden = self.model(forward_batch)
         # The final norm is per token, so selecting first is exact and only normalizes
         # (and projects) the tokens whose logits are needed.
         hidden = self.model.norm(hidden[forward_batch.logits_indices])
-        weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+        method = self.logits_method or DenseLinear(self._head_weight())
         # Under TP each rank projects onto its vocabulary rows; all ranks get all logits.
-        return parallel_logits(hidden, weight, self.config.vocab_size, self.ctx,
-                               self.logits_linear).float()
+        return parallel_logits(hidden, method, self.config.vocab_size, self.ctx).float()
+
+    def _head_weight(self) -> torch.Tensor:
+        return (self.lm_head.weight if self.lm_head is not None
+                else self.model.embed_tokens.weight)
+
+    @torch.no_grad()
+    def finalize_linear(self, policy: LinearPolicy) -> None:
+        """The LM head's method (the decoder layers build their own). Tied: a method over
+        the embedding's rows (the embedding keeps its weight for lookups); untied: the
+        method owns the head's weight. The head stays dense: GGUF stores it Q8_0/Q6_K,
+        which no kernel here computes exactly."""
+        if self.logits_method is not None:
+            return
+        self.logits_method = make_linear_method(self._head_weight().data, None, policy)
+        if self.lm_head is not None:
+            self.lm_head.weight = None
 
     def init_non_persistent_buffers(self) -> None:
         self.model.rotary_emb.reset_cache()
@@ -185,6 +202,7 @@ class LlamaForCausalLM(nn.Module):
                     raise ValueError(f"{hf_name!r}: {e}") from None
             else:  # replicated (norms): the whole tensor
                 dst = params[name].data
+                tensor = as_dense(tensor)
                 if dst.shape != tensor.shape:
                     raise ValueError(f"shape mismatch for {hf_name!r}: checkpoint "
                                      f"{tuple(tensor.shape)}, model {tuple(dst.shape)}")

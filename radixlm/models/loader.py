@@ -10,6 +10,7 @@ from torch import nn
 
 from radixlm.models.gguf_loader import iter_gguf_weights, open_gguf
 from radixlm.models.hf_loader import iter_hf_weights, load_hf_config
+from radixlm.models.linear import LinearPolicy, apply_linear_policy
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.registry import get_model_class
@@ -66,8 +67,8 @@ def load_model_config(model_path: str) -> ModelConfig:
 
 
 def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
-               show_progress: bool = False,
-               ctx: ParallelContext = SINGLE) -> tuple[nn.Module, ModelConfig]:
+               show_progress: bool = False, ctx: ParallelContext = SINGLE,
+               linear_policy: LinearPolicy | None = None) -> tuple[nn.Module, ModelConfig]:
     """Build the model directly on `device` in `dtype` and load its weights.
 
     Under tensor parallelism (`ctx`) the model holds only rank `ctx.tp_rank`'s slices:
@@ -76,12 +77,15 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
 
     The module is created on the meta device (no memory, no random init) and
     materialized once with `to_empty`, so peak memory is the weights plus one
-    checkpoint tensor.
+    checkpoint tensor. Then every linear layer gets its LinearMethod (`linear_policy`,
+    default: dense, oneDNN-prepacked on the CPU; models/linear/policy.py).
     """
+    policy = linear_policy or LinearPolicy()
     if model_path.endswith(".gguf"):
         reader = open_gguf(model_path)
         config = ModelConfig.from_gguf_metadata(reader)
-        weights = iter_gguf_weights(reader, config, dtype, show_progress)
+        weights = iter_gguf_weights(reader, config, dtype, show_progress,
+                                    int4=policy.wants_checkpoint_int4())
     else:
         config = load_hf_config(model_path)
         weights = iter_hf_weights(model_path, dtype)
@@ -91,4 +95,5 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
     model = model.to(dtype=dtype).to_empty(device=torch.device(device))
     model.init_non_persistent_buffers()
     model.load_weights(weights)
+    apply_linear_policy(model, policy)
     return model.eval(), config

@@ -12,22 +12,27 @@ RowParallelLinear after it splits its input features the same way; each rank com
 partial sum of the output and the all-reduce adds them. Bias of a row-parallel layer is
 added once, after the all-reduce.
 
-`linear_op` is the GEMM `(x, weight, bias) -> x @ weight.T + bias`: F.linear by default;
-deterministic inference swaps in a batch-invariant one (models/batch_invariant.py).
+A linear layer loads its dense weight (and, when the checkpoint stores them, its exact
+int4 groups: `QuantizedCheckpointTensor`); `finalize_linear(policy)`, called once after
+loading, hands them to the layer's LinearMethod (models/linear/) and from then on the
+method owns the weight. Before that (layers built by hand in tests) the layer computes
+F.linear on its weight.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.models.linear import (Int4Groups, LinearMethod, LinearPolicy,
+                                   QuantizedCheckpointTensor, as_dense, make_linear_method)
 from radixlm.models.parallel_context import ParallelContext, kv_head_range, split_evenly
 
-LinearOp = Callable[..., torch.Tensor]
+CheckpointTensor = "torch.Tensor | QuantizedCheckpointTensor"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,9 @@ def qkv_shards(num_heads: int, num_kv_heads: int, head_dim: int,
 
 
 class _ShardedLinear(nn.Module):
-    """weight [out_local, in_local] (+ bias [out_local or out]) and the GEMM hook."""
+    """weight [out_local, in_local] (+ bias [out_local or out]) until `finalize_linear`,
+    then `method`. `_int4` collects the exact int4 groups of the loaded pieces (None for a
+    piece loaded dense: then the layer has no complete int4 form)."""
 
     def __init__(self, in_local: int, out_local: int, bias_size: int | None,
                  ctx: ParallelContext) -> None:
@@ -71,7 +78,26 @@ class _ShardedLinear(nn.Module):
         self.ctx = ctx
         self.weight = nn.Parameter(torch.empty(out_local, in_local))
         self.bias = nn.Parameter(torch.empty(bias_size)) if bias_size is not None else None
-        self.linear_op: LinearOp = F.linear
+        self.method: LinearMethod | None = None
+        self._int4: dict[str | None, Int4Groups | None] = {}
+
+    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.method is None:
+            return F.linear(x, self.weight, bias)
+        return self.method(x, bias)
+
+    def _int4_weight(self) -> Int4Groups | None:
+        """The whole local weight's int4 groups, or None unless every piece had them."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def finalize_linear(self, policy: LinearPolicy) -> None:
+        """Build the method from the loaded weight; the method owns it from now on."""
+        if self.method is not None:
+            return
+        self.method = make_linear_method(self.weight.data, self._int4_weight(), policy)
+        self._int4 = {}
+        self.weight = None
 
 
 class ColumnParallelLinear(_ShardedLinear):
@@ -94,16 +120,27 @@ class ColumnParallelLinear(_ShardedLinear):
         self.local_sizes = [s.end - s.start for s in shards]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_op(x, self.weight, self.bias)
+        return self._gemm(x, self.bias)
 
     @torch.no_grad()
-    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+    def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:
         s = self.shards[shard]
         want = (s.full_rows, self.in_features) if param_name == "weight" else (s.full_rows,)
         _check_shape(tensor, want, shard)
         dst = getattr(self, param_name).data
         off = self.offsets[shard]
-        dst[off:off + s.end - s.start].copy_(tensor[s.start:s.end])
+        dst[off:off + s.end - s.start].copy_(as_dense(tensor)[s.start:s.end])
+        if param_name == "weight":
+            self._int4[shard] = (tensor.int4.rows(s.start, s.end)
+                                 if isinstance(tensor, QuantizedCheckpointTensor) else None)
+
+    def _int4_weight(self) -> Int4Groups | None:
+        # Shards are stacked in the order given (self.offsets): concatenate their rows.
+        parts = [self._int4.get(name) for name in self.shards]
+        if not parts or any(p is None for p in parts):
+            return None
+        return Int4Groups(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
+                          torch.cat([p.m for p in parts]), parts[0].group_size)
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -119,19 +156,25 @@ class RowParallelLinear(_ShardedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.ctx.is_parallel:
-            return self.linear_op(x, self.weight, self.bias)
-        y = self.ctx.all_reduce(self.linear_op(x, self.weight))
+            return self._gemm(x, self.bias)
+        y = self.ctx.all_reduce(self._gemm(x, None))
         return y + self.bias if self.bias is not None else y
 
     @torch.no_grad()
-    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+    def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:
         if param_name == "bias":
             _check_shape(tensor, (self.out_features,), shard)
-            self.bias.data.copy_(tensor)
+            self.bias.data.copy_(as_dense(tensor))
             return
         _check_shape(tensor, (self.out_features, self.in_features), shard)
         c0 = self.ctx.tp_rank * self.in_local
-        self.weight.data.copy_(tensor[:, c0:c0 + self.in_local])
+        self.weight.data.copy_(as_dense(tensor)[:, c0:c0 + self.in_local])
+        # An input-feature shard that cuts through a group has no int4 form (dense).
+        self._int4[None] = (tensor.int4.cols(c0, c0 + self.in_local)
+                            if isinstance(tensor, QuantizedCheckpointTensor) else None)
+
+    def _int4_weight(self) -> Int4Groups | None:
+        return self._int4.get(None)
 
 
 class _VocabSharded(nn.Module):
@@ -149,8 +192,9 @@ class _VocabSharded(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))
 
     @torch.no_grad()
-    def load(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+    def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:
         _check_shape(tensor, (self.vocab_size, self.hidden_size), shard)
+        tensor = as_dense(tensor)
         n = max(0, self.vocab_end - self.vocab_start)
         self.weight.data[:n].copy_(tensor[self.vocab_start:self.vocab_start + n])
         self.weight.data[n:].zero_()
@@ -174,12 +218,13 @@ class ParallelLMHead(_VocabSharded):
     (a tied model passes the VocabParallelEmbedding's weight instead)."""
 
 
-def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
-                    ctx: ParallelContext, linear: LinearOp) -> torch.Tensor:
+def parallel_logits(hidden: torch.Tensor, method: LinearMethod, vocab_size: int,
+                    ctx: ParallelContext) -> torch.Tensor:
     """Logits [T, vocab] on every rank: each rank projects onto its vocabulary rows
-    (`weight` [n, hidden]), the all-gather concatenates the ranks' columns in rank order
-    (rank r's at [r*n, (r+1)*n), the ids it owns), the padding columns are cut off."""
-    local = linear(hidden, weight)
+    (`method` holds this rank's [n, hidden] rows), the all-gather concatenates the ranks'
+    columns in rank order (rank r's at [r*n, (r+1)*n), the ids it owns), the padding
+    columns are cut off."""
+    local = method(hidden)
     if not ctx.is_parallel:
         return local
     return ctx.all_gather_last_dim(local)[..., :vocab_size]

@@ -15,6 +15,7 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
+from radixlm.process_threads import setup_compute_threads
 from radixlm.process_utils import die_with_parent, setup_logging
 from radixlm.scheduler.tp_ranks import StepInputs, run_loop
 
@@ -53,6 +54,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     ctx = zmq.Context()
     control = make_socket(ctx, zmq.PUSH, endpoints.control, bind=False)
     try:
+        setup_compute_threads(args)  # before torch loads (below)
         # Tensor parallelism: this process is rank 0 (scheduler/tp_ranks.py).
         tp = None
         if args.tp_size > 1:
@@ -64,6 +66,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
         logger.error("scheduler failed to start: %s", e)
         control.send(dumps(SchedulerFailed(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
         return
+    import torch  # loaded by the model; this module stays torch-free for the API process
+
     recv = make_socket(ctx, zmq.PULL, endpoints.scheduler_input, bind=True)
     send = make_socket(ctx, zmq.PUSH, endpoints.detokenizer_input, bind=False)
     runner = sched.runner
@@ -71,7 +75,10 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
                                       max_running_requests=runner.max_running_requests,
                                       context_len=sched.context_len, vocab_size=runner.vocab_size,
                                       memory_plan=runner.plan,
-                                      cuda_graph_batch_sizes=runner.cuda_graph_batch_sizes)))
+                                      cuda_graph_batch_sizes=runner.cuda_graph_batch_sizes,
+                                      dtype=str(runner.dtype).removeprefix("torch."),
+                                      dtype_reason=runner.dtype_reason,
+                                      num_threads=torch.get_num_threads())))
     parent = os.getppid()
 
     def collect(has_work: bool) -> StepInputs:

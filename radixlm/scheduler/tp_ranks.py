@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
 from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
+from radixlm.process_threads import setup_compute_threads
 from radixlm.process_utils import die_with_parent, setup_logging
 
 if TYPE_CHECKING:  # torch stays out of the API process, which imports this module
@@ -90,12 +91,13 @@ def run_loop(sched: "Scheduler", ctx: "ParallelContext",
 def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     """Process entry of a rank other than 0: join the group, build the scheduler, follow
     rank 0 until it says stop (or dies, which fails the next collective)."""
+    die_with_parent()
+    setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
+    setup_compute_threads(args)  # before torch loads (below)
     from radixlm.executor.distributed import destroy_tensor_parallel, init_tensor_parallel
     from radixlm.executor.model_runner import resolve_device
     from radixlm.scheduler.process import build_scheduler
 
-    die_with_parent()
-    setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
     ctx = init_tensor_parallel(args, local_rank, resolve_device(args.device))
     sched, _ = build_scheduler(args, ctx)
     try:

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.config import ServerArgs
+from radixlm.process_threads import current_torch_threads
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion
 from radixlm.server.completions import create_completion
@@ -122,11 +123,13 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
 
     @api.get("/get_server_info")
     async def get_server_info() -> JSONResponse:
-        """Server args, the memory plan (three pools) and the live pool state."""
+        """Server args, the memory plan (three pools), the resolved dtype, the thread
+        counts and the live pool state."""
         stats = await tm.pool_stats()
+        threads = {"scheduler": tm.scheduler_threads, "api": current_torch_threads()}
         return JSONResponse(get_server_info_body(args, model_name, tm.context_len,
                                                  tm.max_running_requests, tm.memory_plan, stats,
-                                                 tm.cuda_graph_batch_sizes))
+                                                 tm.cuda_graph_batch_sizes, tm.dtype, threads))
 
     metrics = EngineMetrics(model_name)
 

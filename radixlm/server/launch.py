@@ -93,6 +93,9 @@ def launch_server(args: ServerArgs) -> None:
 
     import uvicorn
 
+    from radixlm.process_threads import setup_helper_threads
+
+    setup_helper_threads()  # the API process runs torch single-threaded
     from radixlm.models import resolve_model_path
     from radixlm.server.app import create_app
     from radixlm.server.tokenizer_manager import TokenizerManager
@@ -115,6 +118,8 @@ def launch_server(args: ServerArgs) -> None:
         tm.memory_plan = ready.memory_plan
         tm.max_running_requests = ready.max_running_requests
         tm.cuda_graph_batch_sizes = ready.cuda_graph_batch_sizes
+        tm.dtype = {"requested": args.dtype, "resolved": ready.dtype, "reason": ready.dtype_reason}
+        tm.scheduler_threads = ready.num_threads
         name = args.served_model_name or os.path.basename(model_path.rstrip("/"))
         app = create_app(tm, args, name)
 

@@ -60,6 +60,10 @@ class TokenizerManager:
         self.memory_plan: Any = None
         self.max_running_requests: int | None = args.max_running_requests
         self.cuda_graph_batch_sizes: list[int] | None = None
+        # Also from SchedulerReady: {"requested", "resolved", "reason"} of --dtype and the
+        # scheduler's compute thread count (/get_server_info).
+        self.dtype: dict[str, str | None] | None = None
+        self.scheduler_threads: int | None = None
         # Totals over finished requests (Prometheus counters, radixlm/server/metrics.py).
         self.requests_finished_total = 0
         self.prompt_tokens_total = 0

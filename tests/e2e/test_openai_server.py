@@ -279,11 +279,27 @@ def test_flush_cache_refused_while_running_then_ok(client: Any, model: str, serv
     assert pool["held_by_cache"] == 0 and pool["free_kv_slots"] == pool["total_kv_slots"]
 
 
-def test_get_server_info_reports_the_scheduler_start_up(server: str) -> None:
+def test_get_server_info_reports_the_scheduler_start_up(server: str, monkeypatch) -> None:
     """What the scheduler process sends once it is ready reaches /get_server_info: the
-    memory plan it allocated and the CUDA-graph batch sizes (none on the CPU)."""
+    memory plan it allocated, the CUDA-graph batch sizes (none on the CPU), the dtype
+    `--dtype auto` chose and why, and the thread counts: the scheduler's default of one
+    per physical core, the API process single-threaded."""
+    import torch
+
+    from radixlm import cpu_features
+    from radixlm.executor.model_runner import choose_dtype
+    from radixlm.process_threads import physical_cores
+
     info = httpx.get(server + "/get_server_info", timeout=30).json()
     assert info["memory_plan"]["kv_tokens"] == info["max_total_tokens"] > 0
     assert info["max_running_requests"] == 8
     assert "cuda_graph_batch_sizes" in info and info["cuda_graph_batch_sizes"] is None
     assert info["server_args"]["cuda_graph_max_bs"] == 160
+    assert info["server_args"]["num_threads"] is None
+    assert info["threads"] == {"scheduler": physical_cores(), "api": 1}
+    # The server sees the real CPU (tests/conftest.py pins the test process's flags).
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: cpu_features._cpuinfo()[1])
+    want, reason = choose_dtype("auto", torch.device("cpu"))
+    assert info["dtype"] == {"requested": "auto", "resolved": str(want).removeprefix("torch."),
+                             "reason": reason}
+

@@ -139,3 +139,76 @@ def test_tokenizer_cache_is_fast_and_identical(gguf_path, tokenizer_cache, monke
         [{"role": "user", "content": "Hi"}], tokenize=False)
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
         assert getattr(second, attr) == getattr(first, attr), attr
+
+
+# --- --quantization auto: the file's own Q4_1 weights (models/linear/) ------------------
+
+# bf16 logits of the int4 kernel (bf16 scales, bf16 activations) vs the dense bf16 layers
+# holding the same weights dequantized: relative error of the decode logits.
+INT4_LOGITS_TOL = 3e-2
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(gguf_path):
+    """(model with --quantization auto, model with none), both bfloat16."""
+    from radixlm.models.linear import LinearPolicy
+
+    auto = load_model(gguf_path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("auto"))
+    none = load_model(gguf_path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("none"))
+    return auto, none
+
+
+def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
+    from gguf.quants import dequantize
+
+    from radixlm.models.gguf_loader import open_gguf, unpermute_qk
+    from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
+
+    (model, config), _ = bf16_pair
+    for layer in model.model.layers:
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj):
+            assert isinstance(lin.method, Int4GroupwiseLinear)
+    assert isinstance(model.logits_method, PrepackedLinear)  # the Q8_0 head: dense
+    tensors = {t.name: t for t in open_gguf(gguf_path).tensors}
+
+    def file_weight(name: str, heads: int | None) -> torch.Tensor:
+        t = tensors[name]
+        w = torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(
+            tuple(int(d) for d in reversed(t.shape))).copy())
+        return unpermute_qk(w, heads) if heads else w
+
+    qkv = torch.cat([file_weight("blk.7.attn_q.weight", config.num_heads),
+                     file_weight("blk.7.attn_k.weight", config.num_kv_heads),
+                     file_weight("blk.7.attn_v.weight", None)])
+    assert torch.equal(model.model.layers[7].self_attn.qkv_proj.method.dequantized_weight(), qkv)
+    assert torch.equal(model.model.layers[7].mlp.down_proj.method.dequantized_weight(),
+                       file_weight("blk.7.ffn_down.weight", None))
+
+
+def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_cache):
+    (auto, config), (none, _) = bf16_pair
+    tok, _, _ = tokenizer_cache
+    prompts = [_chat_ids(tok, p) for p in PROMPTS]
+    # Decode logits (one row per call: the int4 kernel) after the same prompt.
+    ha, hn = PoolHarness(auto, config), PoolHarness(none, config)
+    ra, rn = ha.new_request(), hn.new_request()
+    ha.extend([ra], [prompts[0]])
+    hn.extend([rn], [prompts[0]])
+    for token in (tok.encode("The")[0], tok.encode(" capital")[0]):
+        assert rel_err(ha.decode([ra], [token])[0], hn.decode([rn], [token])[0]) < INT4_LOGITS_TOL
+    # Greedy: three requests decode together (3 rows: the int4 kernel), against the dense
+    # bf16 model. Equal tokens, or a flip at a near-tie of the dense model (its top two
+    # logits within 1%), after which the texts may differ.
+    outs_a = PoolHarness(auto, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
+    outs_n = PoolHarness(none, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
+    for prompt, ids, a, n in zip(PROMPTS, prompts, outs_a, outs_n):
+        if a == n:
+            continue
+        k = next(i for i, (x, y) in enumerate(zip(a, n)) if x != y)
+        h = PoolHarness(none, config)
+        logits = h.extend([h.new_request()], [ids + n[:k]])[0]
+        top2 = logits.topk(2).values
+        assert (top2[0] - top2[1]) / top2[0].abs() < 0.01, (
+            f"{prompt!r} diverges at token {k} without a near-tie: "
+            f"{tok.decode(a)!r} vs {tok.decode(n)!r}")

@@ -46,9 +46,11 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 
 def _args(path: str, **kw) -> ServerArgs:
+    # num_threads=1: run_follower_rank sets the rank's threads from it (tp_harness: one
+    # CPU thread per rank).
     return ServerArgs(model=path, device="cpu", dtype="float32", max_total_tokens=2048,
                       max_running_requests=8, max_prefill_tokens=256, chunked_prefill_size=24,
-                      log_level="warning", **kw)
+                      log_level="warning", num_threads=1, **kw)
 
 
 def _check_model(path: str, ctx: ParallelContext) -> None:

@@ -15,8 +15,9 @@ from tests.conftest import make_tiny_llama
 def record(tmp_path_factory):
     model = make_tiny_llama(str(tmp_path_factory.mktemp("bench_llama")))
     out = tmp_path_factory.mktemp("bench_out") / "offline.jsonl"
-    cfg = OfflineConfig(model=model, workload=RandomWorkload(5, 4, 30, 6, seed=3),
-                        max_running_requests=4, max_total_tokens=1024, max_prefill_tokens=64,
+    cfg = OfflineConfig(model=model, dtype="float32",
+                        workload=RandomWorkload(5, 4, 30, 6, seed=3), max_running_requests=4,
+                        max_total_tokens=1024, max_prefill_tokens=64,
                         repeat=2, baseline_batch_size=3, num_threads=1, output_file=str(out),
                         profile_file=str(out.with_suffix(".prof")))
     rec = run_offline(cfg, log=lambda *_: None)

@@ -16,6 +16,7 @@ from radixlm.bench.offline import OfflineConfig, offline_table, run_offline
 from radixlm.bench.one_batch import (OneBatchConfig, measure_copy_bandwidth, one_batch_table,
                                      run_one_batch, step_bytes)
 from radixlm.engine import Engine
+from radixlm.models.linear.policy import top_level_methods
 from tests.conftest import make_tiny_llama
 
 
@@ -28,12 +29,17 @@ def test_step_bytes_counts_weights_and_kv(tiny_llama_dir: str, tied_dir: str) ->
     # tiny Llama: vocab 256, hidden 64, 2 layers, 2 KV heads of 64 / 4 = 16 dims, float32.
     kv_per_token = 2 * 2 * 2 * 16 * 4  # layers * (K, V) * kv_heads * head_dim * bytes
     for path, tied in ((tiny_llama_dir, False), (tied_dir, True)):
-        engine = Engine(path, max_total_tokens=256, max_running_requests=4)
-        params = sum(p.numel() * p.element_size()
-                     for p in engine.scheduler.runner.model.parameters())
+        engine = Engine(path, dtype="float32", max_total_tokens=256, max_running_requests=4)
+        model = engine.scheduler.runner.model
+        emb = 256 * 64 * 4
+        norms = sum(p.numel() * p.element_size() for p in model.parameters()) - emb
+        # The linear layers and the head (tied or not: its own prepacked copy) are read
+        # whole; of the input embedding only the batch's 3 rows.
+        assert model.logits_method.own_bytes() == emb
+        layers = sum(m.own_bytes() for m in top_level_methods(model))
+        assert layers > emb
+        expected = layers + norms + 3 * 64 * 4
         sb = step_bytes(engine, batch=3)
-        # Untied: of the input embedding only the batch's 3 rows are read.
-        expected = params if tied else params - (256 - 3) * 64 * 4
         assert sb.weights == expected
         assert sb.kv_per_token == kv_per_token
         assert sb.decode_step(3, 10) == expected + 3 * 10 * kv_per_token

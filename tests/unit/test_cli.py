@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -8,10 +9,24 @@ from radixlm.config import ServerArgs, from_cli_args
 
 def test_serve_flags_are_generated_from_server_args():
     ns = build_parser().parse_args(["serve", "--port", "1234", "--dtype", "bfloat16",
-                                    "--max-total-tokens", "999", "--api-key", "k"])
+                                    "--max-total-tokens", "999", "--api-key", "k",
+                                    "--num-threads", "3"])
     args = from_cli_args(ns)
-    assert args == ServerArgs(port=1234, dtype="bfloat16", max_total_tokens=999, api_key="k")
-    assert ServerArgs().port == 30000
+    assert args == ServerArgs(port=1234, dtype="bfloat16", max_total_tokens=999, api_key="k",
+                              num_threads=3)
+    assert ServerArgs().port == 30000 and ServerArgs().num_threads is None
+
+
+def test_cli_leaves_omp_wait_policy_to_the_user(monkeypatch):
+    """libgomp's default (spin, then sleep) is fastest on an idle machine; radixlm no
+    longer sets OMP_WAIT_POLICY=PASSIVE (the tests' conftest sets it for the tests)."""
+    import radixlm.cli as cli
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    seen = []
+    monkeypatch.setattr(cli, "_serve", lambda ns: seen.append(os.environ.get("OMP_WAIT_POLICY")))
+    cli.main(["serve", "--num-threads", "2"])
+    assert seen == [None] and "OMP_WAIT_POLICY" not in os.environ
 
 
 def test_invalid_choice_is_rejected():

@@ -73,3 +73,30 @@ def test_default_gguf_uses_its_tensor_table(capsys):
     assert w["source"] == "gguf" and 130e6 < w["num_params"] < 140e6  # SmolLM2-135M
     assert w["on_disk_bytes"] < w["total_bytes"]  # stored quantized, run in float32
     assert plan["device_kind"] == "cpu" and plan["max_running_requests"] <= 64
+
+
+@requires_default_model
+def test_default_gguf_int4_estimate_equals_the_loaded_model(capsys):
+    """--quantization auto on a bfloat16 CPU run: the Q4_1 projections' int4 form, their
+    dense fallback, and the tied head's prepacked copy, as the loaded model holds them."""
+    import torch
+
+    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.models import resolve_model_path
+    from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
+    from radixlm.models.loader import load_model
+
+    code, plan = run_json(capsys, "--device", "cpu", "--device-memory", "4GiB",
+                          "--dtype", "bfloat16", "--quantization", "auto")
+    assert code == 0
+    model, _ = load_model(resolve_model_path(None), torch.bfloat16, "cpu",
+                          linear_policy=LinearPolicy("auto"))
+    assert plan["weights"]["total_bytes"] == module_bytes(model)
+    loaded = weight_bytes_by_format(model)
+    assert plan["weight_formats"]["int4 groupwise"] == loaded["int4 groupwise"]
+    fallback = "dense bfloat16 (fallback for large batches)"
+    assert plan["weight_formats"][fallback] == \
+        loaded["dense bfloat16 (oneDNN prepacked) (fallback for large batches)"]
+    _, none = run_json(capsys, "--device", "cpu", "--device-memory", "4GiB",
+                       "--dtype", "bfloat16", "--quantization", "none")
+    assert "int4 groupwise" not in none["weight_formats"]

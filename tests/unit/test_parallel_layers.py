@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from radixlm.executor.distributed import free_port
+from radixlm.models.linear import DenseLinear
 from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
 from radixlm.models.parallel_layers import (ColumnParallelLinear, ParallelLMHead,
                                             RowParallelLinear, VocabParallelEmbedding,
@@ -117,7 +118,7 @@ def _check_layers(ctx: ParallelContext) -> None:
     # LM head: every rank gets all vocab columns, the padding cut off.
     head = ParallelLMHead(vocab, hidden, ctx)
     head.load("weight", emb_w, None)
-    logits = parallel_logits(x, head.weight, vocab, ctx, F.linear)
+    logits = parallel_logits(x, DenseLinear(head.weight), vocab, ctx)
     ref = F.linear(x, emb_w)
     assert logits.shape == (t, vocab)
     assert (logits - ref).abs().max() <= TOL * ref.abs().max()

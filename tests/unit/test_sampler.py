@@ -85,3 +85,24 @@ def test_logprobs_of_chosen_and_top():
     assert abs(first.logprob - lp[0].max().item()) < 1e-5
     assert [t for t, _ in first.top] == lp[0].topk(3).indices.tolist()
     assert second is None
+
+
+def _ops_run(reqs, logits) -> set[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sample(reqs, logits)
+    return {e.key for e in prof.key_averages()}
+
+
+def test_greedy_and_plain_sampling_never_sort_the_vocabulary():
+    """Only a top-k/top-p cut sorts; greedy rows are an argmax and temperature-only rows a
+    softmax and a draw (the sort is a V-wide op per row per step)."""
+    logits = torch.randn(4, V)
+    sorts = {"aten::sort", "aten::argsort", "aten::topk", "aten::msort"}
+    greedy = [make_req(i, temperature=0.0) for i in range(4)]
+    plain = [make_req(0, temperature=0.0), make_req(1, temperature=0.8),
+             make_req(2, temperature=1.0, min_p=0.1), make_req(3, temperature=1.3)]
+    assert not _ops_run(greedy, logits) & sorts
+    assert not _ops_run(plain, logits) & sorts
+    assert _ops_run([make_req(0, temperature=1.0, top_p=0.9)], logits[:1]) & sorts

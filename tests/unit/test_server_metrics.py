@@ -2,6 +2,7 @@
 
 import os
 
+import torch
 from fastapi.testclient import TestClient
 
 from radixlm.mem.device_memory import DeviceMemory
@@ -35,6 +36,9 @@ def test_metrics_and_server_info():
     with fake_stack(api_key="k", model_name="tiny") as stack:
         stack.tokenizer_manager.memory_plan = plan
         stack.tokenizer_manager.cuda_graph_batch_sizes = [1, 2, 4]
+        dtype = {"requested": "auto", "resolved": "bfloat16", "reason": "CPU has amx_bf16"}
+        stack.tokenizer_manager.dtype = dtype
+        stack.tokenizer_manager.scheduler_threads = 4
         with TestClient(stack.app) as client:
             h = {"Authorization": "Bearer k"}
             r = client.post("/v1/completions", headers=h,
@@ -57,6 +61,9 @@ def test_metrics_and_server_info():
             assert info["memory_plan"]["mem_fraction_static"] == 0.9
             assert info["pool"]["total_kv_slots"] == 1024
             assert info["cuda_graph_batch_sizes"] == [1, 2, 4]
+            assert info["dtype"] == dtype
+            # The API process here is the test process: its own torch thread count.
+            assert info["threads"] == {"scheduler": 4, "api": torch.get_num_threads()}
             assert client.get("/server_info", headers=h).status_code == 200
 
 

@@ -1,0 +1,134 @@
+"""LinearMethod: how one linear layer holds its weight and computes x @ W.T + b.
+
+A layer (models/parallel_layers.py) loads its rank's dense weight, and, when the
+checkpoint has them, its exact int4 groups; `models/linear/policy.py` then picks one
+method per layer, once, at load. The model code calls `layer(x)` and never branches on
+the format. Each method is an nn.Module whose buffers are the bytes it keeps, so the
+memory planner counts them (`weight_bytes_by_format`), and says its `format` name.
+
+Dense methods here: `DenseLinear` (F.linear, or another GEMM with the same signature,
+e.g. the batch-invariant one of deterministic inference) and `PrepackedLinear` (the
+weight reordered once for oneDNN's blocked layout: on the CPU the same product without
+the per-call reorder, 1.4-2x faster at decode sizes; docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Gemm = Callable[..., torch.Tensor]
+
+
+def storage_key(t: torch.Tensor) -> tuple[int, int]:
+    """Identifies a tensor's memory, so that tensors sharing it are counted once (oneDNN's
+    packed weights are opaque: no data pointer, their own memory)."""
+    try:
+        return (t.data_ptr(), t.numel())
+    except RuntimeError:
+        return (id(t), -1)
+
+
+class LinearMethod(nn.Module):
+    """forward(x [M, in], bias [out] | None) -> [M, out] in x's dtype."""
+
+    format: str = "dense"
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[out, in]: the weight this method computes with, as a dense tensor (tests,
+        diagnostics; may allocate)."""
+        raise NotImplementedError
+
+    def own_bytes(self) -> int:
+        """Bytes of this method's own buffers and parameters (not its children's)."""
+        return sum(t.numel() * t.element_size()
+                   for t in [*self.parameters(recurse=False), *self.buffers(recurse=False)])
+
+    def bytes_read(self, rows: int) -> int:
+        """Weight bytes one call of `rows` rows reads (the decode roofline's numerator)."""
+        return self.own_bytes()
+
+
+class DenseLinear(LinearMethod):
+    """F.linear on the weight (the layer's own Parameter: no copy)."""
+
+    def __init__(self, weight: torch.Tensor, gemm: Gemm = F.linear,
+                 format: str | None = None) -> None:
+        super().__init__()
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(
+            weight, requires_grad=False)
+        self.gemm = gemm
+        self.format = format or f"dense {str(weight.dtype).removeprefix('torch.')}"
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.gemm(x, self.weight, bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.weight.detach()
+
+
+def onednn_prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PrepackedLinear(LinearMethod):
+    """The weight in oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, packed once)
+    and `mkldnn._linear_pointwise` per call. CPU, float32 or bfloat16."""
+
+    def __init__(self, weight: torch.Tensor, batch_hint: int = 1) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(
+            weight.detach().contiguous(), batch_hint), persistent=False)
+        self.format = f"dense {str(weight.dtype).removeprefix('torch.')} (oneDNN prepacked)"
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed,
+                                               bias, "none", [], "")
+        return y.reshape(*lead, self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        # x = I picks the weight's columns out exactly (each output is one product by 1).
+        eye = torch.eye(self.in_features, dtype=self.packed.dtype)
+        return self.forward(eye).t().contiguous()
+
+
+class SmallBatchQuantized(LinearMethod):
+    """A weight-only quantized kernel for calls of at most `max_m` rows, and a dense
+    method (the same weights, dequantized once at load) for larger ones.
+
+    PyTorch's CPU int4/int8 weight-only kernels read 4x/2x fewer bytes than bf16 and win
+    while a call is bound by reading the weight (decode of a few requests), but they are
+    several times slower than oneDNN's bf16 GEMM from about 8 rows on (docs/benchmarks.md):
+    so prefill and large decode batches take the dense path. Subclasses define
+    `small(x) -> x @ W.T` and keep their buffers."""
+
+    def __init__(self, fallback: LinearMethod, max_m: int) -> None:
+        super().__init__()
+        self.fallback = fallback
+        self.max_m = max_m
+
+    def small(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kernel_bytes(self) -> int:
+        """Bytes the small-batch kernel reads per call."""
+        raise NotImplementedError
+
+    def bytes_read(self, rows: int) -> int:
+        return self.fallback.bytes_read(rows) if rows > self.max_m else self.kernel_bytes()
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[0] > self.max_m:
+            return self.fallback(x, bias)
+        y = self.small(x.contiguous())
+        return y + bias if bias is not None else y

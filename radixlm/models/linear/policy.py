@@ -1,0 +1,123 @@
+"""LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
+
+    deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
+    --quantization auto, int4 groups from the checkpoint (GGUF Q4_0/Q4_1), bfloat16 run
+                                          -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
+    otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
+    otherwise                             -> DenseLinear (F.linear)
+
+The int4/int8 kernels are CPU kernels on bfloat16 activations: on CUDA and in float32
+runs the weights are dense (the checkpoint's values, dequantized). Each tensor-parallel
+rank builds the methods of its own shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from radixlm.models.linear.int4 import Int4GroupwiseLinear, int4_kernel_available
+from radixlm.models.linear.int4_groups import Int4Groups
+from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
+                                        quantize_per_channel_int8)
+from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
+                                          onednn_prepack_available, storage_key)
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("auto", "none", "int8")
+# Rows up to which the weight-only kernels beat oneDNN's bf16 GEMM for this project's
+# shapes (int4: 3.2 vs 7.8 ms per decode step at 1 row, 4.4 at 4, 8.1 vs 8.0 at 8;
+# docs/benchmarks.md, "Linear methods").
+DEFAULT_SMALL_BATCH_MAX_M = 4
+
+
+@dataclass(frozen=True)
+class LinearPolicy:
+    quantization: str = "none"
+    prepack: bool = True
+    gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
+    small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
+
+    def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                             f"got {self.quantization!r}")
+
+    def wants_checkpoint_int4(self) -> bool:
+        """Should loaders hand over a checkpoint's int4 groups (not only dense values)?"""
+        return self.quantization == "auto" and self.gemm is None
+
+
+def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
+                       policy: LinearPolicy) -> LinearMethod:
+    """The method for one layer: `weight` is its dense (dequantized) weight [out, in] on
+    its device in the run dtype; `int4` its exact groups when the checkpoint had them."""
+    if policy.gemm is not None:
+        return DenseLinear(weight, policy.gemm, format="dense (batch-invariant GEMM)")
+    device, dtype = weight.device, weight.dtype
+
+    def dense(w: torch.Tensor) -> LinearMethod:
+        if policy.prepack and onednn_prepack_available(dtype, device):
+            return PrepackedLinear(w)
+        return DenseLinear(w)
+
+    bf16 = dtype == torch.bfloat16
+    if (policy.quantization == "auto" and int4 is not None and bf16
+            and int4_kernel_available(int4, device)):
+        return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m)
+    if policy.quantization == "int8" and bf16 and int8_kernel_available(device):
+        q, scales = quantize_per_channel_int8(weight)
+        fallback = dense(Int8WeightOnlyLinear.dequantize(q, scales).to(dtype))
+        return Int8WeightOnlyLinear(q, scales, fallback, policy.small_batch_max_m)
+    return dense(weight)
+
+
+def apply_linear_policy(model: nn.Module, policy: LinearPolicy) -> None:
+    """Build every layer's method (modules with `finalize_linear(policy)`), then log the
+    formats chosen."""
+    for module in list(model.modules()):
+        finalize = getattr(module, "finalize_linear", None)
+        if finalize is not None:
+            finalize(policy)
+    counts = Counter(type(m).__name__ for m in top_level_methods(model))
+    logger.info("linear methods: %s", ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())))
+
+
+def top_level_methods(model: nn.Module) -> list[LinearMethod]:
+    """Every layer's method (not the fallbacks inside quantized methods)."""
+    fallbacks = {id(getattr(m, "fallback")) for m in model.modules() if hasattr(m, "fallback")}
+    return [m for m in model.modules() if isinstance(m, LinearMethod) and id(m) not in fallbacks]
+
+
+def method_storage_keys(model: nn.Module) -> set[tuple[int, int]]:
+    """The memory of every method's tensors (fallbacks included)."""
+    return {storage_key(t) for m in model.modules() if isinstance(m, LinearMethod)
+            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
+
+
+def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:
+    """Bytes the model holds per weight format: each LinearMethod's own buffers under its
+    format (a quantized method's dense fallback under the fallback's format, marked), the
+    rest (embedding, norms, RoPE cache) under "other"; each tensor once."""
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, int] = {}
+
+    def add(key: str, tensors) -> None:
+        for t in tensors:
+            if storage_key(t) not in seen:
+                seen.add(storage_key(t))
+                out[key] = out.get(key, 0) + t.numel() * t.element_size()
+
+    fallbacks = {id(getattr(m, "fallback")) for m in model.modules() if hasattr(m, "fallback")}
+    for m in model.modules():
+        if isinstance(m, LinearMethod):
+            key = m.format + (" (fallback for large batches)" if id(m) in fallbacks else "")
+            add(key, [*m.parameters(recurse=False), *m.buffers(recurse=False)])
+    add("other (embedding, norms, RoPE)", [*model.parameters(), *model.buffers()])
+    return {k: v for k, v in out.items() if v}
