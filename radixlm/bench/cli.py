@@ -111,6 +111,7 @@ def _serve(ns: argparse.Namespace) -> None:
         repeat=ns.repeat, base_url=ns.base_url, backend=ns.backend, api_key=ns.api_key,
         model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
         ablations=tuple(ns.ablation), llama_server=ns.llama_server,
+        transformers_baseline=ns.transformers_baseline,
         output_file=ns.output_file, output_details=ns.output_details,
         show_progress=not ns.disable_tqdm)
     try:
@@ -253,6 +254,11 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     sv.add_argument("--warmup-requests", type=int, default=1)
     sv.add_argument("--repeat", type=int, default=1, help="Runs per server (interleaved); "
                     "the table shows medians.")
+    sv.add_argument("--transformers-baseline", default="none",
+                    choices=["none", "auto", "float32", "bfloat16"],
+                    help="Also run the same requests through transformers' generate in this "
+                    "process (static batches of each --max-concurrency; auto: bfloat16 on "
+                    "CPUs with AMX-BF16/AVX512-BF16, else float32), side by side.")
     sv.add_argument("--llama-server", default=None, metavar="PATH",
                     help="llama-server binary to compare with (default: llama-server on PATH "
                     "or .llama_cpp/bin/llama-server if built; 'none' to skip).")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from radixlm.cpu_features import cpu_summary
+
 
 @dataclass(frozen=True)
 class Throughput:
@@ -47,6 +49,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain-text table, numbers right-aligned; floats with 2 decimals (3 below 10)."""
 
     def cell(v: Any) -> str:
+        if v is None:
+            return "-"
         if isinstance(v, float):
             return f"{v:.3f}" if abs(v) < 10 else f"{v:.2f}"
         return str(v)
@@ -97,6 +101,8 @@ def machine_info() -> dict[str, Any]:
             # Other processes share the CPU: the 1-minute load at the start tells how much.
             "load_avg_1m": os.getloadavg()[0],
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            # avx2 / avx512f / avx512_bf16 / amx_bf16 / ...: what --dtype auto goes by.
+            "cpu_flags": cpu_summary()["flags"],
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__}

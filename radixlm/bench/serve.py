@@ -33,8 +33,10 @@ from radixlm.bench.report import append_json_line, format_table, machine_info, u
 from radixlm.bench.serve_client import Target, model_name, send_request
 from radixlm.bench.serve_load import LoadConfig, run_load
 from radixlm.bench.serve_metrics import compute_metrics
+from radixlm.bench.hf_baseline import HFBaseline
 from radixlm.bench.server_proc import (LaunchedServer, ServerSpec, find_llama_server,
                                        llama_server_spec, radixlm_spec)
+from radixlm.bench.serve_hf import BASELINE_NAME, resolve_baseline_dtype, run_hf_requests
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ServeBenchConfig:
     ablations: tuple[Ablation, ...] = ()
     llama_server: str | None = None  # a path; "none" = do not run it
     llama_server_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # "none", or the dtype of an in-process transformers `generate` run on the same
+    # requests after the servers (bench/serve_hf.py; "auto": its best dtype on this CPU).
+    transformers_baseline: str = "none"
     startup_timeout_s: float = 600.0
     output_file: str | None = None
     output_details: bool = False  # per-request ttfts/itls/latencies in the JSON lines
@@ -67,6 +72,8 @@ class ServeBenchConfig:
             raise ValueError("--ablation starts its own servers: drop --base-url")
         for c in self.max_concurrency:
             LoadConfig(max_concurrency=c, request_rate=self.request_rate).validate()
+        if self.transformers_baseline != "none":
+            resolve_baseline_dtype(self.transformers_baseline)
 
 
 def load_bench_tokenizer(cfg: ServeBenchConfig) -> Any:
@@ -189,6 +196,7 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
                 log(f"starting {spec.name}: {' '.join(spec.cmd)}")
                 launched[spec.name] = stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
                 targets.append(Target(spec.name, spec.base_url, spec.backend))
+        hf = _hf_baseline(cfg, log)
         records = []
         for r, requests in enumerate(all_requests):
             for conc in cfg.max_concurrency:
@@ -205,11 +213,33 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
                         f"{target.name}: {m['output_throughput']:.1f} out tok/s, "
                         f"median TTFT {m['median_ttft_ms']:.0f} ms, median ITL "
                         f"{m['median_itl_ms']:.0f} ms ({time.perf_counter() - t0:.0f} s)")
-                    if cfg.output_file:
-                        line = rec if cfg.output_details else \
-                            {k: v for k, v in rec.items() if k != "details"}
-                        append_json_line(cfg.output_file, line)
+                    _append(cfg, rec)
+                if hf is not None:  # the servers are idle meanwhile
+                    m = run_hf_requests(hf, requests, tokenizer, conc)
+                    target = Target(BASELINE_NAME, "", "in-process")
+                    rec = _record(cfg, target, conc, r, m, machine)
+                    records.append(rec)
+                    log(f"[repeat {r + 1}/{cfg.repeat}, concurrency {conc or 'inf'}] "
+                        f"{m['model_id']} generate: {m['output_throughput']:.1f} out tok/s "
+                        f"({m['duration']:.0f} s)")
+                    _append(cfg, rec)
     return records
+
+
+def _hf_baseline(cfg: ServeBenchConfig, log) -> HFBaseline | None:
+    if cfg.transformers_baseline == "none":
+        return None
+    from radixlm.models.loader import resolve_model_path
+
+    dtype = resolve_baseline_dtype(cfg.transformers_baseline)
+    log(f"loading the transformers baseline ({dtype})")
+    return HFBaseline(resolve_model_path(cfg.model), dtype, batch_size=1)
+
+
+def _append(cfg: ServeBenchConfig, rec: dict[str, Any]) -> None:
+    if cfg.output_file:
+        line = rec if cfg.output_details else {k: v for k, v in rec.items() if k != "details"}
+        append_json_line(cfg.output_file, line)
 
 
 def _record(cfg: ServeBenchConfig, target: Target, conc: int | None, repeat: int,
@@ -227,7 +257,7 @@ def _record(cfg: ServeBenchConfig, target: Target, conc: int | None, repeat: int
 
 
 def _server_args(cfg: ServeBenchConfig, name: str) -> dict[str, Any] | None:
-    if cfg.base_url or name == "llama-server":
+    if cfg.base_url or name in ("llama-server", BASELINE_NAME):
         return None
     extra = next((a.engine_args for a in cfg.ablations if a.name == name), {})
     return {**cfg.engine_args, **extra}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The CPU fast path's measurements (docs/benchmarks.md, "CPU fast path"), in one run:
+#   1. one-batch decode (batch 1, 8, 32) per weight format, interleaved over repeats;
+#   2. prefill of one 1024-token prompt per format;
+#   3. through the HTTP API with default flags: 1 stream x 64 tokens and 32 concurrent x
+#      96 tokens, with transformers' generate (its best dtype here) on the same requests;
+#   4. llama-server on the same GGUF (if built: scripts/build_llama_server.sh), 1/8/32 streams.
+# Results are appended as JSON lines to $OUT (default bench_out/cpu_fast_path.jsonl).
+# Run it on a quiet machine (it prints the load average first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=${R:-.venv/bin/radixlm}
+OUT=${OUT:-bench_out/cpu_fast_path.jsonl}
+REPEAT=${REPEAT:-3}
+mkdir -p "$(dirname "$OUT")"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+grep -m1 "model name" /proc/cpuinfo
+grep -m1 -o -w -E "avx2|avx512f|avx512_bf16|amx_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+
+declare -A FORMATS=(
+  [f32]="--dtype float32 --engine-arg quantization=none"
+  [bf16-dense]="--dtype bfloat16 --engine-arg quantization=none --engine-arg disable_weight_prepack=true"
+  [bf16-prepacked]="--dtype bfloat16 --engine-arg quantization=none"
+  [int4]="--dtype bfloat16 --engine-arg quantization=auto"
+)
+ORDER=(f32 bf16-dense bf16-prepacked int4)
+
+if [ "${SKIP_ONE_BATCH:-0}" != 1 ]; then
+  for i in $(seq "$REPEAT"); do
+    for f in "${ORDER[@]}"; do
+      echo "== one-batch decode: $f (round $i)"
+      # shellcheck disable=SC2086
+      $R bench one-batch ${FORMATS[$f]} --batch-sizes 1 8 32 --decode-steps 16 \
+        --output-file "$OUT" | tail -5
+    done
+  done
+  for i in $(seq "$REPEAT"); do
+    for f in "${ORDER[@]}"; do
+      echo "== one-batch prefill 1024: $f (round $i)"
+      # shellcheck disable=SC2086
+      $R bench one-batch ${FORMATS[$f]} --batch-sizes 1 --prompt-len 1024 --decode-steps 2 \
+        --output-file "$OUT" | tail -4
+    done
+  done
+fi
+
+if [ "${SKIP_SERVE:-0}" != 1 ]; then
+  echo "== HTTP API, default flags, 1 stream x 64 tokens, vs transformers"
+  $R bench serve --dataset random --num-prompts 4 --random-input-len 128 \
+    --random-output-len 64 --random-range-ratio 1 --max-concurrency 1 --repeat "$REPEAT" \
+    --llama-server none --transformers-baseline auto --disable-tqdm --output-file "$OUT"
+  echo "== HTTP API, default flags, 32 concurrent x 96 tokens, vs transformers"
+  $R bench serve --dataset random --num-prompts 32 --random-input-len 128 \
+    --random-output-len 96 --random-range-ratio 1 --max-concurrency 32 --repeat "$REPEAT" \
+    --llama-server none --transformers-baseline auto --disable-tqdm --output-file "$OUT"
+fi
+
+if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -x .llama_cpp/bin/llama-server ]; then
+  echo "== llama-server vs radixlm, 32 prompts x 128 tokens, 64 output, 1/8/32 streams"
+  $R bench serve --dataset random --num-prompts 32 --random-input-len 128 \
+    --random-output-len 64 --random-range-ratio 1 --max-concurrency 1 8 32 --repeat 1 \
+    --disable-tqdm --output-file "$OUT"
+fi
