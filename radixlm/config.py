@@ -88,10 +88,13 @@ class ServerArgs:
     enable_mixed_chunk: bool = _opt(
         False, "Run the running requests' decodes in the same forward as a prefill (chunk) "
         "batch (mixed chunked prefill) instead of alternating prefill and decode steps.")
-    disable_overlap_schedule: bool = _opt(
-        False, "Run the serial scheduler loop: process each batch's results before building "
-        "the next one. By default (overlap) batch N+1 is built and launched on a forward "
-        "thread before batch N's results are processed, hiding the CPU scheduling time.")
+    disable_overlap_schedule: bool | None = _opt(
+        None, "Run the serial scheduler loop: process each batch's results before building "
+        "the next one. With overlap, batch N+1 is built and launched on a forward thread "
+        "before batch N's results are processed, hiding the scheduler's CPU time. Default: "
+        "overlap on CUDA, serial on the CPU, where the scheduler thread and the compute "
+        "threads share the cores and overlap measured 2x slower (docs/tuning.md); "
+        "--no-disable-overlap-schedule forces overlap.")
     disable_cuda_graph: bool = _opt(
         False, "Run decode batches eagerly instead of replaying captured CUDA graphs (CUDA "
         "only; graphs need --attention-backend triton).")

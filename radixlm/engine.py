@@ -13,6 +13,7 @@ import itertools
 from typing import Any, Iterable
 
 from radixlm.config import ServerArgs
+from radixlm.host_malloc import tune_host_malloc
 from radixlm.messages import AbortReq, ReqStrOut, TokenizedGenerateReq
 from radixlm.process_threads import setup_compute_threads
 from radixlm.sampling_params import SamplingParams
@@ -29,6 +30,7 @@ class Engine:
         # (torch's default: one per physical core) unless num_threads is given.
         if self.args.num_threads is not None:
             setup_compute_threads(self.args, set_env=False)
+        tune_host_malloc()
         self.scheduler, self.tokenizer = build_scheduler(self.args)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._ids = itertools.count()

@@ -82,7 +82,8 @@ def run_overlap_bench(cfg: OverlapBenchConfig) -> dict[str, Any]:
     if cfg.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {cfg.repeat}")
     with torch_threads(cfg.num_threads):
-        engines = {"overlap": Engine(model=cfg.model, **cfg.engine_args),
+        engines = {"overlap": Engine(model=cfg.model, disable_overlap_schedule=False,
+                                     **cfg.engine_args),
                    "serial": Engine(model=cfg.model, disable_overlap_schedule=True,
                                     **cfg.engine_args)}
         first = engines["overlap"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
+from radixlm.host_malloc import tune_host_malloc
 from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
 from radixlm.process_threads import setup_compute_threads
 from radixlm.process_utils import die_with_parent, setup_logging
@@ -94,6 +95,7 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     die_with_parent()
     setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
     setup_compute_threads(args)  # before torch loads (below)
+    tune_host_malloc()
     from radixlm.executor.distributed import destroy_tensor_parallel, init_tensor_parallel
     from radixlm.executor.model_runner import resolve_device
     from radixlm.scheduler.process import build_scheduler

@@ -119,7 +119,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         stats = await tm.pool_stats()
         return JSONResponse({"model": model_name, "context_len": tm.context_len,
                              "enable_mixed_chunk": args.enable_mixed_chunk,
-                             "pool": dataclasses.asdict(stats)})
+                             "dtype": tm.dtype, "pool": dataclasses.asdict(stats)})
 
     @api.get("/get_server_info")
     async def get_server_info() -> JSONResponse:

@@ -302,4 +302,9 @@ def test_get_server_info_reports_the_scheduler_start_up(server: str, monkeypatch
     want, reason = choose_dtype("auto", torch.device("cpu"))
     assert info["dtype"] == {"requested": "auto", "resolved": str(want).removeprefix("torch."),
                              "reason": reason}
+    assert httpx.get(server + "/server_info", timeout=30).json()["dtype"] == info["dtype"]
+    # --quantization auto: the default GGUF's Q4_1 layers stay 4-bit on a bf16 CPU run.
+    formats = info["memory_plan"]["weight_formats"]
+    assert sum(formats.values()) == info["memory_plan"]["weight_bytes"]
+    assert ("int4 groupwise" in formats) == (want == torch.bfloat16)
 

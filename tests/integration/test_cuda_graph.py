@@ -130,7 +130,8 @@ def test_engine_with_replayed_graphs_matches_torch_backend(tiny_llama_dir):
     outputs, graphs = {}, None
     for backend in ("torch", "triton"):
         engine = Engine(model=tiny_llama_dir, max_total_tokens=1024, max_running_requests=8,
-                        attention_backend=backend, dtype="float32")
+                        attention_backend=backend, dtype="float32",
+                        disable_overlap_schedule=False)
         if backend == "triton":
             runner = engine.scheduler.runner
             graphs = runner.cuda_graph_runner = CudaGraphRunner(runner, [1, 2, 4, 8],

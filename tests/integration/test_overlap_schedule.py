@@ -21,7 +21,7 @@ prompts = random_prompts
 
 def run_both(kw: dict, ps, params, seed: int) -> tuple[Engine, Engine, list, list]:
     serial = Engine(disable_overlap_schedule=True, **kw)
-    overlap = Engine(**kw)
+    overlap = Engine(disable_overlap_schedule=False, **kw)
     assert overlap.scheduler.overlap and not serial.scheduler.overlap
     want = run_staggered(serial, ps, params, seed=seed)
     got = run_staggered(overlap, ps, params, seed=seed)
@@ -77,7 +77,7 @@ def collect(engine: Engine, ps, params) -> tuple[list[dict], dict[str, list[int]
 def test_stop_conditions_hit_the_same_token_and_no_extra_token_is_streamed(tiny_llama_dir):
     ps = prompts(6, seed=7)
     serial = Engine(model=tiny_llama_dir, max_total_tokens=4096, disable_overlap_schedule=True)
-    overlap = Engine(model=tiny_llama_dir, max_total_tokens=4096)
+    overlap = Engine(model=tiny_llama_dir, max_total_tokens=4096, disable_overlap_schedule=False)
     first = [SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)] * len(ps)
     base, _ = collect(serial, ps, first)
     # The same history on both engines, so their radix caches (cached_tokens) agree too.
@@ -109,7 +109,7 @@ def test_stop_conditions_hit_the_same_token_and_no_extra_token_is_streamed(tiny_
 
 
 def test_future_tokens_are_used_and_the_bubble_is_measured(tiny_llama_dir):
-    eng = Engine(model=tiny_llama_dir, max_total_tokens=4096)
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=4096, disable_overlap_schedule=False)
     futures = []
     forward = eng.scheduler.runner.forward
 
@@ -131,7 +131,7 @@ def test_future_tokens_are_used_and_the_bubble_is_measured(tiny_llama_dir):
 
 def test_aborts_mid_flight_leak_nothing(tiny_llama_dir):
     eng = Engine(model=tiny_llama_dir, max_total_tokens=400, chunked_prefill_size=16,
-                 max_running_requests=6)
+                 max_running_requests=6, disable_overlap_schedule=False)
     rng = random.Random(3)
     ps = prompts(14, seed=3, lo=20, hi=70)
     rids = []

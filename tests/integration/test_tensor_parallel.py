@@ -47,10 +47,11 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 def _args(path: str, **kw) -> ServerArgs:
     # num_threads=1: run_follower_rank sets the rank's threads from it (tp_harness: one
-    # CPU thread per rank).
+    # CPU thread per rank). The overlap loop (the CPU's default is serial): its forward
+    # thread runs the collectives.
     return ServerArgs(model=path, device="cpu", dtype="float32", max_total_tokens=2048,
                       max_running_requests=8, max_prefill_tokens=256, chunked_prefill_size=24,
-                      log_level="warning", num_threads=1, **kw)
+                      log_level="warning", num_threads=1, disable_overlap_schedule=False, **kw)
 
 
 def _check_model(path: str, ctx: ParallelContext) -> None:

@@ -84,7 +84,7 @@ def test_the_cuda_worker_path_gives_the_serial_loops_tokens(tiny_llama_dir, fake
     serial = Engine(disable_overlap_schedule=True, **kw)
     want = run_staggered(serial, ps, params, seed=5)
 
-    eng = Engine(**kw)
+    eng = Engine(disable_overlap_schedule=False, **kw)
     sched = eng.scheduler
     streams = sched.worker.streams = fake_cuda()
     prebuilt: list[bool] = []

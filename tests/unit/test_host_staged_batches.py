@@ -48,8 +48,9 @@ def expected_fields(batch) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(max_total_tokens=2048, chunked_prefill_size=16),
-    dict(max_total_tokens=2048, chunked_prefill_size=12, page_size=4, enable_mixed_chunk=True),
+    dict(max_total_tokens=2048, chunked_prefill_size=16, disable_overlap_schedule=False),
+    dict(max_total_tokens=2048, chunked_prefill_size=12, page_size=4, enable_mixed_chunk=True,
+         disable_overlap_schedule=False),
     dict(max_total_tokens=2048, disable_overlap_schedule=True),
 ], ids=["chunked", "mixed-pages", "serial"])
 def test_builders_stage_host_tensors_with_the_forwards_values(tiny_llama_dir, cfg):
