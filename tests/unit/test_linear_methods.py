@@ -187,3 +187,29 @@ def _int4_tp_rank(rank: int, world: int, addr: str) -> None:
 
 def test_int4_layers_under_tp2() -> None:
     spawn_ranks(_int4_tp_rank, (2, f"127.0.0.1:{free_port()}"), nprocs=2)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_model_with_each_dense_policy_matches_plain_f_linear(tiny_llama_dir, quantization) -> None:
+    """A whole (tiny HF) model in bf16: prepacked dense and int8 weight-only layers give
+    the logits of F.linear on the same checkpoint, within the format's error."""
+    from radixlm.models import load_model
+    from tests.conftest_models import PoolHarness, rel_err
+
+    ids = list(range(5, 25))
+    ref_model, config = load_model(tiny_llama_dir, torch.bfloat16, "cpu",
+                                   linear_policy=LinearPolicy(prepack=False))
+    model, _ = load_model(tiny_llama_dir, torch.bfloat16, "cpu",
+                          linear_policy=LinearPolicy(quantization=quantization))
+    want = Int8WeightOnlyLinear if quantization == "int8" else PrepackedLinear
+    assert isinstance(model.model.layers[0].mlp.down_proj.method, want)
+    assert isinstance(ref_model.model.layers[0].mlp.down_proj.method, DenseLinear)
+    outs = []
+    for m in (ref_model, model):
+        h = PoolHarness(m, config)
+        row = h.new_request()
+        prompt = h.extend([row], [ids], all_logits=True)  # 20 rows: dense (fallback) path
+        outs.append((prompt, h.decode([row], [7])[0]))  # 1 row: the int8 kernel
+    tol = 5e-2 if quantization == "int8" else 1e-3
+    assert rel_err(outs[1][0].float(), outs[0][0].float()) < tol
+    assert rel_err(outs[1][1].float(), outs[0][1].float()) < tol
