@@ -4,7 +4,10 @@
 #   2. prefill of one 1024-token prompt per format;
 #   3. through the HTTP API with default flags: 1 stream x 64 tokens and 32 concurrent x
 #      96 tokens, with transformers' generate (its best dtype here) on the same requests;
-#   4. llama-server on the same GGUF (if built: scripts/build_llama_server.sh), 1/8/32 streams.
+#   4. llama-server on the same GGUF (if built: scripts/build_llama_server.sh), 1/8/32 streams;
+#   5. OMP_WAIT_POLICY default vs PASSIVE, alone and beside a busy neighbour (one process
+#      spinning on a core, bounded and killed after each run): one-batch decode, batch 1/32.
+# SKIP_ONE_BATCH=1, SKIP_SERVE=1, SKIP_LLAMA=1, SKIP_THREADS=1 leave a part out.
 # Results are appended as JSON lines to $OUT (default bench_out/cpu_fast_path.jsonl).
 # Run it on a quiet machine (it prints the load average first).
 set -euo pipefail
@@ -60,4 +63,29 @@ if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -x .llama_cpp/bin/llama-server ]; then
   $R bench serve --dataset random --num-prompts 32 --random-input-len 128 \
     --random-output-len 64 --random-range-ratio 1 --max-concurrency 1 8 32 --repeat 1 \
     --disable-tqdm --output-file "$OUT"
+fi
+
+threads_run() {  # $1 = policy (default|PASSIVE), $2 = neighbour (none|busy)
+  local pid=""
+  if [ "$2" = busy ]; then
+    timeout 300 python3 -c "while True: pass" & pid=$!
+  fi
+  echo "== threads: OMP_WAIT_POLICY=$1, neighbour $2"
+  if [ "$1" = default ]; then
+    env -u OMP_WAIT_POLICY "$R" bench one-batch --batch-sizes 1 32 --decode-steps 16 \
+      --output-file "$OUT" | tail -4
+  else
+    OMP_WAIT_POLICY="$1" "$R" bench one-batch --batch-sizes 1 32 --decode-steps 16 \
+      --output-file "$OUT" | tail -4
+  fi
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+}
+if [ "${SKIP_THREADS:-0}" != 1 ]; then
+  for i in $(seq "$REPEAT"); do
+    for neighbour in none busy; do
+      for policy in default PASSIVE; do
+        threads_run "$policy" "$neighbour"
+      done
+    done
+  done
 fi
