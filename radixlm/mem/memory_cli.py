@@ -106,7 +106,7 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
         else frozenset()
     weights = estimate_weights(shapes, cfg, act_bytes, quant, ns.tp_size, source, stored,
                                int4_names, dtype,
-                               prepacked_head=kind_guess == "cpu" and dtype in ("float32", "bfloat16"))
+                               prepacked_head=_prepacked_head(kind_guess, dtype))
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
                       cfg.sliding_window or 1 << 30)
@@ -123,6 +123,17 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
                        max_running_requests=ns.max_running_requests, max_total_tokens=cap,
                        attention_backend=ns.attention_backend, weight_formats=weights.formats)
     return plan, weights
+
+
+def _prepacked_head(device_kind: str, dtype: str) -> bool:
+    """Does the engine prepack the LM head (its own copy of a tied embedding) here?"""
+    import torch
+
+    from radixlm.models.linear.method import onednn_prepack_available
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+    return torch_dtype is not None and onednn_prepack_available(torch_dtype,
+                                                                torch.device(device_kind))
 
 
 def run_memory_command(ns: argparse.Namespace) -> None:

@@ -162,14 +162,14 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     from gguf.quants import dequantize
 
     from radixlm.models.gguf_loader import open_gguf, unpermute_qk
-    from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
+    from radixlm.models.linear import DenseLinear, Int4GroupwiseLinear, PrepackedLinear
 
     (model, config), _ = bf16_pair
     for layer in model.model.layers:
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj):
             assert isinstance(lin.method, Int4GroupwiseLinear)
-    assert isinstance(model.logits_method, PrepackedLinear)  # the Q8_0 head: dense
+    assert type(model.logits_method) in (PrepackedLinear, DenseLinear)  # Q8_0 head: dense
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}
 
     def file_weight(name: str, heads: int | None) -> torch.Tensor:

@@ -16,14 +16,24 @@ from radixlm.executor.distributed import free_port
 from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.gguf_int4 import int4_groups_from_blocks
 from radixlm.models.linear import (DenseLinear, Int4Groups, Int4GroupwiseLinear,
-                                   Int8WeightOnlyLinear, LinearPolicy, PrepackedLinear,
-                                   QuantizedCheckpointTensor, make_linear_method,
-                                   quantize_per_channel_int8, weight_bytes_by_format)
+                                   Int8WeightOnlyLinear, LinearMethod, LinearPolicy,
+                                   PrepackedLinear, QuantizedCheckpointTensor,
+                                   make_linear_method, quantize_per_channel_int8,
+                                   weight_bytes_by_format)
+from radixlm.models.linear.method import onednn_prepack_available
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, even_shard
 from tests.tp_harness import child_setup, spawn_ranks
 
 MS = (1, 7, 64)
+CPU = torch.device("cpu")
+# oneDNN has bf16 GEMMs only on AVX-512/AMX CPUs; elsewhere the dense method is F.linear.
+BF16_PREPACK = onednn_prepack_available(torch.bfloat16, CPU)
+BF16_DENSE = PrepackedLinear if BF16_PREPACK else DenseLinear
+
+
+def dense_bf16(w: torch.Tensor) -> LinearMethod:
+    return BF16_DENSE(w.bfloat16())
 # Relative tolerance per format against F.linear in float32 on the method's own weight:
 # bf16 activations and outputs (a few bf16 ulps over K = 256 products).
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -74,8 +84,9 @@ def test_dense_methods_match_f_linear(m: int, dtype: torch.dtype) -> None:
     b = torch.randn(96, generator=g).to(dtype)
     x = torch.randn(m, 256, generator=g).to(dtype)
     ref = F.linear(x.float(), w.float(), b.float())
-    methods = [DenseLinear(w), PrepackedLinear(w),
-               DenseLinear(w, BatchInvariantOps(row_tile=8).linear)]
+    methods = [DenseLinear(w), DenseLinear(w, BatchInvariantOps(row_tile=8).linear)]
+    if onednn_prepack_available(dtype, CPU):
+        methods.append(PrepackedLinear(w))
     for method in methods:
         y = method(x, b)
         assert y.dtype == dtype and y.shape == (m, 96)
@@ -89,7 +100,7 @@ def test_int4_method_matches_f_linear(m: int, max_m: int) -> None:
     """Both paths: the int4 kernel (m <= max_m) and the dense fallback."""
     groups = _int4(96, 256, seed=m)
     w = groups.dequantize()
-    method = Int4GroupwiseLinear(groups, PrepackedLinear(w.bfloat16()), max_m=max_m)
+    method = Int4GroupwiseLinear(groups, dense_bf16(w), max_m=max_m)
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1)).bfloat16()
     b = torch.randn(96).bfloat16()
     y = method(x, b)
@@ -107,7 +118,7 @@ def test_int8_method_matches_f_linear(m: int, max_m: int) -> None:
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127
     deq = Int8WeightOnlyLinear.dequantize(q, scales)
     assert (deq - w).abs().max() <= scales.max() / 2 + 1e-6  # rounding to the nearest step
-    method = Int8WeightOnlyLinear(q, scales, PrepackedLinear(deq.bfloat16()), max_m=max_m)
+    method = Int8WeightOnlyLinear(q, scales, dense_bf16(deq), max_m=max_m)
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(2)).bfloat16()
     assert _rel(method(x), F.linear(x.float(), deq)) < TOL[torch.bfloat16]
     assert torch.equal(method.dequantized_weight(), deq)
@@ -120,7 +131,7 @@ def test_policy_picks_per_run() -> None:
     assert isinstance(make_linear_method(dense.bfloat16(), groups, auto), Int4GroupwiseLinear)
     # float32 runs and --quantization none: the same weights, dense.
     assert isinstance(make_linear_method(dense, groups, auto), PrepackedLinear)
-    assert isinstance(make_linear_method(dense.bfloat16(), groups, none), PrepackedLinear)
+    assert isinstance(make_linear_method(dense.bfloat16(), groups, none), BF16_DENSE)
     assert isinstance(make_linear_method(dense, None, LinearPolicy(prepack=False)), DenseLinear)
     assert isinstance(make_linear_method(dense.bfloat16(), None, LinearPolicy("int8")),
                       Int8WeightOnlyLinear)
@@ -155,7 +166,7 @@ def test_layer_finalize_and_bytes_by_format() -> None:
     mixed.load("weight", QuantizedCheckpointTensor(half.dequantize().bfloat16(), half), "q")
     mixed.load("weight", half.dequantize().bfloat16(), "k")
     mixed.finalize_linear(LinearPolicy(quantization="auto"))
-    assert isinstance(mixed.method, PrepackedLinear)
+    assert isinstance(mixed.method, BF16_DENSE)
 
 
 def _int4_tp_rank(rank: int, world: int, addr: str) -> None:
@@ -201,7 +212,7 @@ def test_model_with_each_dense_policy_matches_plain_f_linear(tiny_llama_dir, qua
                                    linear_policy=LinearPolicy(prepack=False))
     model, _ = load_model(tiny_llama_dir, torch.bfloat16, "cpu",
                           linear_policy=LinearPolicy(quantization=quantization))
-    want = Int8WeightOnlyLinear if quantization == "int8" else PrepackedLinear
+    want = Int8WeightOnlyLinear if quantization == "int8" else BF16_DENSE
     assert isinstance(model.model.layers[0].mlp.down_proj.method, want)
     assert isinstance(ref_model.model.layers[0].mlp.down_proj.method, DenseLinear)
     outs = []

@@ -95,8 +95,8 @@ def test_default_gguf_int4_estimate_equals_the_loaded_model(capsys):
     loaded = weight_bytes_by_format(model)
     assert plan["weight_formats"]["int4 groupwise"] == loaded["int4 groupwise"]
     fallback = "dense bfloat16 (fallback for large batches)"
-    assert plan["weight_formats"][fallback] == \
-        loaded["dense bfloat16 (oneDNN prepacked) (fallback for large batches)"]
+    loaded_fallback = next(k for k in loaded if k.endswith("(fallback for large batches)"))
+    assert plan["weight_formats"][fallback] == loaded[loaded_fallback]
     _, none = run_json(capsys, "--device", "cpu", "--device-memory", "4GiB",
                        "--dtype", "bfloat16", "--quantization", "none")
     assert "int4 groupwise" not in none["weight_formats"]

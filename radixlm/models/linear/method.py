@@ -74,9 +74,14 @@ class DenseLinear(LinearMethod):
 
 
 def onednn_prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """float32 on any x86 CPU oneDNN runs on; bfloat16 only where oneDNN has bf16 GEMMs
+    (AVX-512 or AMX: `_linear_pointwise` refuses bf16 on an AVX2-only CPU)."""
+    if not (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PrepackedLinear(LinearMethod):
