@@ -28,8 +28,10 @@ class TokenToKVPool:
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write K/V of tokens [T, kv_heads, head_dim] into slots `loc` [T]."""
-        self.k_buffers[layer_id][loc] = k.to(self.dtype)
-        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+        if k.dtype != self.dtype:  # (a check, not a no-op .to() call per layer)
+            k, v = k.to(self.dtype), v.to(self.dtype)
+        self.k_buffers[layer_id][loc] = k
+        self.v_buffers[layer_id][loc] = v
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]

@@ -42,8 +42,9 @@ class Int8WeightOnlyLinear(SmallBatchQuantized):
         return q.float() * scales.float()[:, None]
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(self.act_dtype), self.q, self.kernel_scales)
-        return y.to(x.dtype)
+        xa = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
+        y = torch.ops.aten._weight_int8pack_mm(xa, self.q, self.kernel_scales)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def kernel_bytes(self) -> int:
         return self.q.numel() + self.kernel_scales.numel() * self.kernel_scales.element_size()

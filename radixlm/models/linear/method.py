@@ -134,6 +134,6 @@ class SmallBatchQuantized(LinearMethod):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[0] > self.max_m:
-            return self.fallback(x, bias)
+            return self.fallback.forward(x, bias)
         y = self.small(x.contiguous())
         return y + bias if bias is not None else y
