@@ -48,14 +48,18 @@ if [ "${SKIP_ONE_BATCH:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_SERVE:-0}" != 1 ]; then
-  echo "== HTTP API, default flags, 1 stream x 64 tokens, vs transformers"
-  $R bench serve --dataset random --num-prompts 4 --random-input-len 128 \
-    --random-output-len 64 --random-range-ratio 1 --max-concurrency 1 --repeat "$REPEAT" \
-    --llama-server none --transformers-baseline auto --disable-tqdm --output-file "$OUT"
-  echo "== HTTP API, default flags, 32 concurrent x 96 tokens, vs transformers"
-  $R bench serve --dataset random --num-prompts 32 --random-input-len 128 \
-    --random-output-len 96 --random-range-ratio 1 --max-concurrency 32 --repeat "$REPEAT" \
-    --llama-server none --transformers-baseline auto --disable-tqdm --output-file "$OUT"
+  # One run per server start (a server instance's speed varies between starts), seeds
+  # 10, 20, 30, ...: 1 stream x 64 tokens and 32 concurrent x 96, each beside transformers.
+  for i in $(seq "$REPEAT"); do
+    for spec in "1 4 64" "32 32 96"; do
+      set -- $spec
+      echo "== HTTP API, default flags, concurrency $1 x $3 tokens, vs transformers (start $i)"
+      $R bench serve --dataset random --num-prompts "$2" --random-input-len 128 \
+        --random-output-len "$3" --random-range-ratio 1 --max-concurrency "$1" --repeat 1 \
+        --seed $((10 * i)) --llama-server none --transformers-baseline auto --disable-tqdm \
+        --output-file "$OUT" | grep -E "^\[repeat"
+    done
+  done
 fi
 
 if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -x .llama_cpp/bin/llama-server ]; then
