@@ -89,9 +89,14 @@ def apply_linear_policy(model: nn.Module, policy: LinearPolicy) -> None:
     logger.info("linear methods: %s", ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())))
 
 
+def _fallback_ids(model: nn.Module) -> set[int]:
+    """The dense fallbacks held by quantized methods (SmallBatchQuantized.fallback)."""
+    return {id(getattr(m, "fallback")) for m in model.modules() if hasattr(m, "fallback")}
+
+
 def top_level_methods(model: nn.Module) -> list[LinearMethod]:
     """Every layer's method (not the fallbacks inside quantized methods)."""
-    fallbacks = {id(getattr(m, "fallback")) for m in model.modules() if hasattr(m, "fallback")}
+    fallbacks = _fallback_ids(model)
     return [m for m in model.modules() if isinstance(m, LinearMethod) and id(m) not in fallbacks]
 
 
@@ -114,7 +119,7 @@ def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:
                 seen.add(storage_key(t))
                 out[key] = out.get(key, 0) + t.numel() * t.element_size()
 
-    fallbacks = {id(getattr(m, "fallback")) for m in model.modules() if hasattr(m, "fallback")}
+    fallbacks = _fallback_ids(model)
     for m in model.modules():
         if isinstance(m, LinearMethod):
             key = m.format + (" (fallback for large batches)" if id(m) in fallbacks else "")
