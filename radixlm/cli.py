@@ -10,9 +10,6 @@ from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 
 
 def _serve(ns: argparse.Namespace) -> None:
-    from radixlm.process_threads import setup_helper_threads
-
-    setup_helper_threads()  # the API (or router) process runs torch single-threaded
     from radixlm.models import ModelNotFoundError
     from radixlm.process_utils import setup_logging
     from radixlm.router.launch_dp import DPLaunchError, launch_dp

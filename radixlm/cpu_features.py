@@ -51,14 +51,9 @@ def cpu_flags() -> frozenset[str]:
 
 
 def fast_bf16_flags() -> list[str]:
-    """Which of FAST_BF16_FLAGS the CPU has."""
+    """Which of FAST_BF16_FLAGS the CPU has (empty: no native bf16 dot products)."""
     flags = cpu_flags()
     return [f for f in FAST_BF16_FLAGS if f in flags]
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has native bf16 dot products (amx_bf16 or avx512_bf16)."""
-    return bool(fast_bf16_flags())
 
 
 def cpu_summary() -> dict[str, object]:

@@ -13,9 +13,8 @@ import itertools
 from typing import Any, Iterable
 
 from radixlm.config import ServerArgs
-from radixlm.host_malloc import tune_host_malloc
 from radixlm.messages import AbortReq, ReqStrOut, TokenizedGenerateReq
-from radixlm.process_threads import setup_compute_threads
+from radixlm.process_threads import setup_compute_process
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.process import build_scheduler
 from radixlm.tokenizer.detokenizer import Detokenizer
@@ -28,9 +27,7 @@ class Engine:
         self.args = ServerArgs(model=model, **server_args)
         # The scheduler runs in the caller's process: its thread count is the caller's
         # (torch's default: one per physical core) unless num_threads is given.
-        if self.args.num_threads is not None:
-            setup_compute_threads(self.args, set_env=False)
-        tune_host_malloc()
+        setup_compute_process(self.args, guest=True)
         self.scheduler, self.tokenizer = build_scheduler(self.args)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._ids = itertools.count()

@@ -1,6 +1,6 @@
 """Thread counts by process role: the scheduler computes, the other processes help.
 
-* compute (`setup_compute_threads`): the scheduler process and each tensor-parallel rank
+* compute (`setup_compute_process`): the scheduler process and each tensor-parallel rank
   run the model with torch's intra-op pool of `--num-threads` threads; default one per
   physical core available to the process, shared out among this host's TP ranks on the
   CPU. The offline Engine runs in the caller's process and sets the count only when
@@ -22,6 +22,7 @@ import os
 import sys
 
 from radixlm.config import ServerArgs
+from radixlm.host_malloc import tune_host_malloc
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,16 @@ def setup_compute_threads(args: ServerArgs, set_env: bool = True) -> int:
     torch.set_num_threads(n)
     logger.info("compute threads: %d (torch intra-op)", n)
     return n
+
+
+def setup_compute_process(args: ServerArgs, guest: bool = False) -> None:
+    """First thing in a compute process (scheduler, TP rank): its threads and the host
+    allocator (radixlm/host_malloc.py). `guest`: the offline Engine in its caller's
+    process, which keeps the caller's thread count unless `num_threads` is given and
+    leaves os.environ alone."""
+    if not guest or args.num_threads is not None:
+        setup_compute_threads(args, set_env=not guest)
+    tune_host_malloc()
 
 
 def setup_helper_threads() -> None:

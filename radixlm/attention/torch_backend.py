@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class _DecodeMetadata:
-    kv_index: torch.Tensor  # [B, L] int64 KV slots; padded positions point at dummy slot 0
-    kv_flat: torch.Tensor  # kv_index flattened [B * L] (request-major)
+    # [B * L] int64 KV slots, request-major (request b's L positions at [b*L, (b+1)*L));
+    # padded positions point at dummy slot 0.
+    kv_flat: torch.Tensor
+    length: int  # L, the longest seq_len of the batch
     real: torch.Tensor  # [1, B, 1, L] bool, True where the key is real (kv head, request,
     # query head of the group, key) broadcast
 
@@ -49,9 +51,8 @@ class TorchAttentionBackend(AttentionBackend):
             rows = req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)
             ar = torch.arange(max_len, device=rows.device)
             real = ar[None, :] < fb.seq_lens[:, None]
-            kv_index = rows.masked_fill(~real, 0)
-            self.decode_md = _DecodeMetadata(kv_index=kv_index, kv_flat=kv_index.reshape(-1),
-                                             real=real[None, :, None, :])
+            self.decode_md = _DecodeMetadata(kv_flat=rows.masked_fill(~real, 0).reshape(-1),
+                                             length=max_len, real=real[None, :, None, :])
             return
         kv_indices, masks, offsets = [], [], []
         offset = 0
@@ -93,7 +94,7 @@ class TorchAttentionBackend(AttentionBackend):
         md = self.decode_md
         b, heads, d = q.shape
         kvh = layer.num_kv_heads
-        length = md.kv_index.shape[1]
+        length = md.length
 
         def gather(buf: torch.Tensor) -> torch.Tensor:  # -> [kvh, B, L, d] float32
             rows = buf.index_select(0, md.kv_flat)  # [B * L, kvh, d]

@@ -21,22 +21,15 @@ from radixlm.bench.hf_baseline import HFBaseline
 BASELINE_NAME = "transformers"
 
 
-def best_cpu_dtype() -> torch.dtype:
-    """transformers' fastest dtype on this CPU: bfloat16 with native bf16 dot products
-    (AMX-BF16 / AVX512-BF16), else float32 (the rule radixlm's --dtype auto follows)."""
-    from radixlm.cpu_features import cpu_has_fast_bf16
-
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
-
-
 def resolve_baseline_dtype(name: str) -> torch.dtype:
-    if name == "auto":
-        return best_cpu_dtype()
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if name not in dtypes:
+    """auto: transformers' fastest dtype on this CPU, by radixlm's own --dtype auto rule
+    (bfloat16 with AMX-BF16 / AVX512-BF16, else float32)."""
+    from radixlm.executor.model_runner import resolve_dtype
+
+    if name not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"--transformers-baseline must be auto, float32, bfloat16 or none, "
                          f"got {name!r}")
-    return dtypes[name]
+    return resolve_dtype(name, torch.device("cpu"))
 
 
 def request_ids(req: BenchRequest, tokenizer: Any) -> list[int]:

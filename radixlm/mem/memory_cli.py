@@ -90,23 +90,25 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
         import torch
 
         kind_guess = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = ns.dtype
-    if dtype == "auto":
-        import torch
+    import torch
 
-        from radixlm.executor.model_runner import resolve_dtype
+    from radixlm.executor.model_runner import resolve_dtype
+    from radixlm.models.linear import LinearPolicy
+    from radixlm.models.linear.method import onednn_prepack_available
 
-        dtype = str(resolve_dtype("auto", torch.device(kind_guess))).removeprefix("torch.")
+    device_guess = torch.device(kind_guess)
+    torch_dtype = resolve_dtype(ns.dtype, device_guess)  # auto: as the engine picks
+    dtype = str(torch_dtype).removeprefix("torch.")
     act_bytes = DTYPE_BYTES[dtype]
     kv_bytes = act_bytes if ns.kv_cache_dtype == "auto" else KV_CACHE_DTYPE_BYTES[ns.kv_cache_dtype]
     quant = ns.quantization
-    if quant == "auto":  # the engine's int4 kernels: CPU, bfloat16 activations
-        quant = "int4" if kind_guess == "cpu" and dtype == "bfloat16" else "none"
+    if quant == "auto":  # as the engine's policy decides
+        quant = "int4" if LinearPolicy("auto").keeps_int4(torch_dtype, device_guess) else "none"
     int4_names = gguf_int4_tensors(path) if quant == "int4" and path.endswith(".gguf") \
         else frozenset()
     weights = estimate_weights(shapes, cfg, act_bytes, quant, ns.tp_size, source, stored,
                                int4_names, dtype,
-                               prepacked_head=_prepacked_head(kind_guess, dtype))
+                               prepacked_head=onednn_prepack_available(torch_dtype, device_guess))
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
                       cfg.sliding_window or 1 << 30)
@@ -123,17 +125,6 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
                        max_running_requests=ns.max_running_requests, max_total_tokens=cap,
                        attention_backend=ns.attention_backend, weight_formats=weights.formats)
     return plan, weights
-
-
-def _prepacked_head(device_kind: str, dtype: str) -> bool:
-    """Does the engine prepack the LM head (its own copy of a tied embedding) here?"""
-    import torch
-
-    from radixlm.models.linear.method import onednn_prepack_available
-
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
-    return torch_dtype is not None and onednn_prepack_available(torch_dtype,
-                                                                torch.device(device_kind))
 
 
 def run_memory_command(ns: argparse.Namespace) -> None:

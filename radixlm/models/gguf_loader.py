@@ -114,23 +114,24 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
         if t.name in _SKIPPED:
             continue
         name = hf_name(t.name)
-        arr = dequantize(t.data, t.tensor_type)  # float32 (F16/BF16 are widened too)
         # GGUF lists dims fastest-first ([in, out]); numpy/torch want [out, in].
-        arr = arr.reshape(tuple(int(d) for d in reversed(t.shape)))
+        shape = tuple(int(d) for d in reversed(t.shape))
+        heads = None
+        if permuted and ".q_proj." in name:
+            heads = config.num_heads
+        elif permuted and ".k_proj." in name:
+            heads = config.num_kv_heads
+        unpermute = (lambda x, n=heads: unpermute_qk(x, n)) if heads else (lambda x: x)
+        if int4 and is_int4_type(t.tensor_type) and _is_linear(name) and len(shape) == 2:
+            # The exact groups, and the dense values from them (bit for bit the gguf
+            # package's dequantization: models/gguf_int4.py), one parse of the blocks.
+            groups = int4_groups_from_blocks(t.data, t.tensor_type, *shape).permute_rows(unpermute)
+            yield name, QuantizedCheckpointTensor(groups.dequantize().to(dtype), groups)
+            continue
+        arr = dequantize(t.data, t.tensor_type).reshape(shape)  # float32 (F16/BF16 widened)
         if not arr.flags.writeable:
             arr = np.array(arr)  # F32 data is a view of the read-only mmap
-        w = torch.from_numpy(arr).to(dtype)
-        heads = (config.num_heads if ".q_proj." in name else
-                 config.num_kv_heads if ".k_proj." in name else None) if permuted else None
-        if heads is not None:
-            w = unpermute_qk(w, heads)
-        if int4 and is_int4_type(t.tensor_type) and _is_linear(name) and w.dim() == 2:
-            groups = int4_groups_from_blocks(t.data, t.tensor_type, *w.shape)
-            if heads is not None:
-                groups = groups.permute_rows(lambda x, n=heads: unpermute_qk(x, n))
-            yield name, QuantizedCheckpointTensor(w, groups)
-        else:
-            yield name, w
+        yield name, unpermute(torch.from_numpy(arr).to(dtype))
 
 
 def _is_linear(hf: str) -> bool:

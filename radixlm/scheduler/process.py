@@ -15,8 +15,7 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
-from radixlm.host_malloc import tune_host_malloc
-from radixlm.process_threads import setup_compute_threads
+from radixlm.process_threads import setup_compute_process
 from radixlm.process_utils import die_with_parent, setup_logging
 from radixlm.scheduler.tp_ranks import StepInputs, run_loop
 
@@ -66,8 +65,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     ctx = zmq.Context()
     control = make_socket(ctx, zmq.PUSH, endpoints.control, bind=False)
     try:
-        setup_compute_threads(args)  # before torch loads (below)
-        tune_host_malloc()
+        setup_compute_process(args)  # before torch loads (below)
         # Tensor parallelism: this process is rank 0 (scheduler/tp_ranks.py).
         tp = None
         if args.tp_size > 1:

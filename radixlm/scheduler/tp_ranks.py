@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
-from radixlm.host_malloc import tune_host_malloc
 from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
-from radixlm.process_threads import setup_compute_threads
+from radixlm.process_threads import setup_compute_process
 from radixlm.process_utils import die_with_parent, setup_logging
 
 if TYPE_CHECKING:  # torch stays out of the API process, which imports this module
@@ -94,8 +93,7 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     rank 0 until it says stop (or dies, which fails the next collective)."""
     die_with_parent()
     setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
-    setup_compute_threads(args)  # before torch loads (below)
-    tune_host_malloc()
+    setup_compute_process(args)  # before torch loads (below)
     from radixlm.executor.distributed import destroy_tensor_parallel, init_tensor_parallel
     from radixlm.executor.model_runner import resolve_device
     from radixlm.scheduler.process import build_scheduler

@@ -139,7 +139,7 @@ def test_policy_picks_per_run() -> None:
     det = LinearPolicy(quantization="auto", gemm=BatchInvariantOps().linear)
     method = make_linear_method(dense.bfloat16(), groups, det)
     assert type(method) is DenseLinear and method.gemm == det.gemm
-    assert not det.wants_checkpoint_int4()
+    assert not det.keeps_int4(torch.bfloat16, CPU)
     with pytest.raises(ValueError, match="--quantization"):
         LinearPolicy(quantization="fp4")
 

@@ -27,9 +27,12 @@ def int4_bytes_per_weight(act_bytes: int, group_size: int = 32) -> float:
     return 0.5 + 8 / group_size + 0.5 + 2 * act_bytes / group_size
 
 
-def int4_kernel_available(groups: Int4Groups, device: torch.device) -> bool:
-    return (device.type == "cpu" and groups.shape[0] % KERNEL_ROW_MULTIPLE == 0
-            and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"))
+def int4_kernel_runs_on(device: torch.device) -> bool:
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def int4_kernel_fits(groups: Int4Groups) -> bool:
+    return groups.shape[0] % KERNEL_ROW_MULTIPLE == 0
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:

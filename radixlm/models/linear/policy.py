@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixlm.models.linear.int4 import Int4GroupwiseLinear, int4_kernel_available
+from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_kernel_fits,
+                                        int4_kernel_runs_on)
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
@@ -49,9 +50,12 @@ class LinearPolicy:
             raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
                              f"got {self.quantization!r}")
 
-    def wants_checkpoint_int4(self) -> bool:
-        """Should loaders hand over a checkpoint's int4 groups (not only dense values)?"""
-        return self.quantization == "auto" and self.gemm is None
+    def keeps_int4(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Do a checkpoint's int4 layers stay 4-bit in a run of `dtype` on `device` (so
+        loaders hand over their groups, not only dense values)? --quantization auto, not
+        deterministic, bfloat16 activations, a device the int4 kernel runs on."""
+        return (self.quantization == "auto" and self.gemm is None
+                and dtype == torch.bfloat16 and int4_kernel_runs_on(device))
 
 
 def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
@@ -67,11 +71,10 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             return PrepackedLinear(w)
         return DenseLinear(w)
 
-    bf16 = dtype == torch.bfloat16
-    if (policy.quantization == "auto" and int4 is not None and bf16
-            and int4_kernel_available(int4, device)):
+    if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4):
         return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m)
-    if policy.quantization == "int8" and bf16 and int8_kernel_available(device):
+    if (policy.quantization == "int8" and dtype == torch.bfloat16
+            and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
         fallback = dense(Int8WeightOnlyLinear.dequantize(q, scales).to(dtype))
         return Int8WeightOnlyLinear(q, scales, fallback, policy.small_batch_max_m)
