@@ -102,6 +102,14 @@ class ServerArgs:
         160, "Largest decode batch captured as a CUDA graph (capped by "
         "--max-running-requests); batches are padded to the next captured size (1, 2, 4, 8, "
         "12, 16, 24, ... in steps of 8), larger ones run eagerly.")
+    enable_torch_compile: bool = _opt(
+        False, "CPU: compile the decode forward with torch.compile (inductor's C++ backend; "
+        "needs g++) once per batch size up to --torch-compile-max-bs, padding batches to "
+        "the next size like CUDA graphs. Faster steps, paid for at start-up by compiling "
+        "(cached under ~/.cache/radixlm, so a second start is shorter); docs/tuning.md.")
+    torch_compile_max_bs: int = _opt(
+        32, "Largest decode batch compiled with --enable-torch-compile (sizes 1, 2, 4, 8, "
+        "12, 16, 24, ... up to it); larger batches and prefills run eagerly.")
     schedule_policy: str = _opt(
         "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
         "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])

@@ -50,6 +50,14 @@ def cpu_flags() -> frozenset[str]:
     return _cpuinfo()[1]
 
 
+def machine_key() -> str:
+    """The CPU's model name and all its flags as one string: what code compiled with
+    -march=native depends on (build caches key on it; read from /proc/cpuinfo itself, so
+    it always names the real CPU)."""
+    model, flags = _cpuinfo()
+    return f"{model}|{' '.join(sorted(flags))}"
+
+
 def fast_bf16_flags() -> list[str]:
     """Which of FAST_BF16_FLAGS the CPU has (empty: no native bf16 dot products)."""
     flags = cpu_flags()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.attention.torch_backend import TorchAttentionBackend
+from radixlm.attention import create_attention_backend
 from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
 from radixlm.models import ModelConfig
@@ -31,7 +31,8 @@ class PoolHarness:
         self.token_to_kv_pool = TokenToKVPool(num_slots, config.num_layers, config.num_kv_heads,
                                               config.head_dim, kv_dtype)
         self.allocator = KVSlotAllocator(num_slots)
-        self.backend = TorchAttentionBackend()
+        # The backend the engine builds on the CPU: the C++ decode kernel where it built.
+        self.backend = create_attention_backend("torch")
         self.seq_lens: dict[int, int] = {}  # req_to_token row -> tokens with K/V in the pool
 
     @classmethod

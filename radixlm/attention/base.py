@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 class AttentionBackend(ABC):
     # Decode metadata computed on the device from the batch's tensors alone (no host
-    # values, shapes fixed by the batch size): what a CUDA-graph capture needs.
-    supports_cuda_graph: bool = False
+    # values, shapes fixed by the batch size): what a captured CUDA graph or a compiled
+    # decode graph (executor/decode_graph_runner.py) needs.
+    supports_decode_graphs: bool = False
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Precompute per-pass metadata (index tensors, masks) shared by all layers."""
@@ -49,9 +50,11 @@ def create_attention_backend(name: str, device: torch.device | None = None) -> A
     device = device or torch.device("cpu")
     name = resolve_attention_backend_name(name, device)
     if name == "torch":
+        from radixlm.attention.cpu_kernels.ops import decode_attention_available
         from radixlm.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(
+            decode_kernel=device.type == "cpu" and decode_attention_available())
     if name == "triton":
         if not triton_available():
             raise ValueError("--attention-backend triton needs the triton package (pip install triton)")

@@ -1,8 +1,10 @@
-"""Torch attention backend: scaled_dot_product_attention over K/V gathered from the pool.
+"""Torch attention backend: the reference backend, on any device torch runs on.
 
-Runs on any device torch runs on. Extend loops over requests (one SDPA call each, work
-per step grows with the batch, not the tokens); decode is one batched attention (two
-matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
+Extend loops over requests (one SDPA call each over K/V gathered from the pool; work per
+step grows with the batch, not the tokens). Decode, on the CPU where the C++ kernel built
+(`cpu_kernels/decode_attention.cpp`), is one call per layer reading K/V in place from the
+pool, with no host values (so compiled decode graphs can hold it); elsewhere it is one
+batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
+from radixlm.attention.cpu_kernels.ops import paged_decode_attention
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
@@ -40,13 +43,18 @@ class _ExtendMetadata:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self) -> None:
+    def __init__(self, decode_kernel: bool = False) -> None:
+        """decode_kernel: decode through radixlm::paged_decode_attention (CPU tensors)."""
+        self.decode_kernel = decode_kernel
+        self.supports_decode_graphs = decode_kernel
         self.decode_md: _DecodeMetadata | None = None
         self.extend_md: _ExtendMetadata | None = None
 
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         req_to_token = fb.req_to_token_pool.req_to_token
         if fb.forward_mode.is_decode():
+            if self.decode_kernel:
+                return  # the kernel reads req_to_token and seq_lens itself
             max_len = max(fb.seq_lens_cpu)
             rows = req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)
             ar = torch.arange(max_len, device=rows.device)
@@ -78,6 +86,9 @@ class TorchAttentionBackend(AttentionBackend):
         pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv(layer.layer_id)
         if fb.forward_mode.is_decode():
+            if self.decode_kernel:
+                return paged_decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
+                                              fb.req_pool_indices, fb.seq_lens, layer.scaling)
             return self._decode(q, k_buf, v_buf, layer)
         return self._extend(q, k_buf, v_buf, layer, fb)
 

@@ -58,7 +58,7 @@ class _ExtendMetadata:
 
 class TritonAttentionBackend(AttentionBackend):
     # Decode: num_kv_splits comes from seq_lens on the device, the grid from the batch size.
-    supports_cuda_graph = True
+    supports_decode_graphs = True
 
     def __init__(self, device: torch.device, config: TritonAttentionConfig | None = None) -> None:
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

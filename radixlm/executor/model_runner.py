@@ -5,8 +5,8 @@ activations, from the measured weight bytes and the device's memory) and allocat
 what it says: `token_to_kv_pool` of `plan.kv_tokens` slots (--max-total-tokens is a cap)
 and `req_to_token_pool` of `plan.max_running_requests` rows. A plan that cannot work
 refuses the start (`MemoryPlanError`, with the flag to change). It turns a ForwardBatch
-into logits (on CUDA, decode batches replay CUDA graphs captured at start:
-`cuda_graph_runner.py`) and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
+into logits (decode batches run graphs made at start, `decode_graph_runner.py`: captured
+CUDA graphs on CUDA, torch.compile'd graphs on the CPU with --enable-torch-compile) and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
 activation budget (`activation_guard`), which the scheduler checks before it launches a
 batch (`scheduler/oom_recovery.py`).
 """
@@ -22,7 +22,8 @@ from radixlm import cpu_features
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
-from radixlm.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from radixlm.executor.compiled_graph import compiled_graph_factory
+from radixlm.executor.decode_graph_runner import DecodeGraphRunner, capture_batch_sizes
 from radixlm.executor.forward_batch import ForwardBatch
 from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
@@ -152,20 +153,34 @@ class ModelRunner:
         # torch.OutOfMemoryError by itself).
         self.activation_guard = (ActivationGuard(self.plan.activation, self.plan.activation_headroom)
                                  if self.device.type == "cpu" else None)
-        self.cuda_graph_runner = self._cuda_graphs(args)
+        self.decode_graphs = (self._cuda_graphs(args) if self.device.type == "cuda"
+                              else self._compiled_graphs(args))
 
-    def _cuda_graphs(self, args: ServerArgs) -> CudaGraphRunner | None:
-        """Capture the decode graphs (CUDA only; executor/cuda_graph_runner.py), or say
+    def _compiled_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
+        """torch.compile the decode forward per batch size (--enable-torch-compile), or say
         why not."""
-        if self.device.type != "cuda" or args.disable_cuda_graph:
+        if not args.enable_torch_compile:
             return None
-        if not self.attn_backend.supports_cuda_graph:
+        if not self.attn_backend.supports_decode_graphs:
+            logger.warning("--enable-torch-compile ignored: the %s attention backend reads "
+                           "host values in decode (the torch backend needs its C++ decode "
+                           "kernel, which did not build)", type(self.attn_backend).__name__)
+            return None
+        sizes = capture_batch_sizes(min(args.torch_compile_max_bs, self.max_running_requests))
+        return DecodeGraphRunner(self, sizes, compiled_graph_factory(len(sizes)),
+                                 kind="torch.compile graphs")
+
+    def _cuda_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
+        """Capture the decode CUDA graphs, or say why not."""
+        if args.disable_cuda_graph:
+            return None
+        if not self.attn_backend.supports_decode_graphs:
             logger.info("CUDA graphs off: the %s attention backend does not support them "
                         "(--attention-backend triton does)", type(self.attn_backend).__name__)
             return None
         max_bs = min(args.cuda_graph_max_bs, self.max_running_requests)
         try:
-            return CudaGraphRunner(self, capture_batch_sizes(max_bs))
+            return DecodeGraphRunner(self, capture_batch_sizes(max_bs))
         except torch.OutOfMemoryError as e:
             raise MemoryPlanError(
                 f"out of memory capturing the decode CUDA graphs (batches up to {max_bs}; "
@@ -206,7 +221,13 @@ class ModelRunner:
 
     @property
     def cuda_graph_batch_sizes(self) -> list[int] | None:
-        return self.cuda_graph_runner.batch_sizes if self.cuda_graph_runner else None
+        graphs = self.decode_graphs
+        return graphs.batch_sizes if graphs and self.device.type == "cuda" else None
+
+    @property
+    def torch_compile_batch_sizes(self) -> list[int] | None:
+        graphs = self.decode_graphs
+        return graphs.batch_sizes if graphs and self.device.type != "cuda" else None
 
     @property
     def vocab_size(self) -> int:
@@ -214,18 +235,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """The batch's logits: a captured CUDA graph's replay for the decode batches it
-        covers, else the eager forward."""
+        """The batch's logits: a decode graph's run for the decode batches it covers, else
+        the eager forward."""
         if self.device.index is not None and self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the forward thread's current device
-        graphs = self.cuda_graph_runner
+        graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(fb):
             return graphs.replay(fb)
         return self.run_model(fb)
 
     @torch.inference_mode()
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
-        """The eager forward (also what the CUDA graphs capture)."""
+        """The eager forward (also what the decode graphs capture)."""
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
         return self.model(fb)

@@ -7,7 +7,7 @@ freed, so readers must go through the request's own `req_pool_idx`.
 
 Row `dummy_row` (== size, one past the rows handed out) is never allocated and stays all
 zeros, i.e. every position points at the dummy KV slot 0: the padding rows of a CUDA-graph
-decode batch read through it (executor/cuda_graph_runner.py).
+decode batch read through it (executor/decode_graph_runner.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode CUDA graphs (executor/cuda_graph_runner.py): replays equal eager forwards.
+"""Decode CUDA graphs (executor/decode_graph_runner.py): replays equal eager forwards.
 
 On the CPU the graphs are `EagerReplayGraph`s (the forward re-run on the static buffers,
 the triton kernels in Triton's interpreter): this checks the static buffers, the padding
@@ -21,8 +21,9 @@ if not CUDA:
 from radixlm import SamplingParams  # noqa: E402
 from radixlm.attention.base import triton_available  # noqa: E402
 from radixlm.config import ServerArgs  # noqa: E402
-from radixlm.executor.cuda_graph_runner import (CudaGraphRunner, EagerReplayGraph,  # noqa: E402
-                                                capture_batch_sizes, cuda_graph_factory)
+from radixlm.executor.decode_graph_runner import (DecodeGraphRunner,  # noqa: E402
+                                                  EagerReplayGraph, capture_batch_sizes,
+                                                  cuda_graph_factory)
 from radixlm.executor.forward_batch import ForwardMode  # noqa: E402
 from radixlm.executor.model_runner import ModelRunner  # noqa: E402
 from tests.conftest_models import PoolHarness  # noqa: E402
@@ -55,7 +56,7 @@ def _snapshot(pool) -> list[torch.Tensor]:
 
 
 def test_replay_equals_eager_and_touches_only_the_dummy_slot(runner):
-    graphs = CudaGraphRunner(runner, [1, 2, 4],
+    graphs = DecodeGraphRunner(runner, [1, 2, 4],
                              cuda_graph_factory() if CUDA else EagerReplayGraph)
     assert runner.req_to_token_pool.dummy_row == runner.req_to_token_pool.size
     h = PoolHarness.on_runner(runner)
@@ -92,7 +93,7 @@ def test_replay_equals_eager_and_touches_only_the_dummy_slot(runner):
 
 
 def test_prefill_and_large_batches_stay_eager(runner):
-    graphs = CudaGraphRunner(runner, [1, 2], cuda_graph_factory() if CUDA else EagerReplayGraph)
+    graphs = DecodeGraphRunner(runner, [1, 2], cuda_graph_factory() if CUDA else EagerReplayGraph)
     h = PoolHarness.on_runner(runner)
     rows = [h.new_request() for _ in range(3)]
     fb = h.batch(ForwardMode.EXTEND, rows, [[5, 6], [7], [8, 9, 10]])
@@ -107,12 +108,14 @@ def test_prefill_and_large_batches_stay_eager(runner):
 def test_backends_without_graph_support_are_not_captured(tiny_llama_dir):
     from radixlm.attention import create_attention_backend
 
-    assert create_attention_backend("triton", torch.device("cuda" if CUDA else "cpu")).supports_cuda_graph
-    assert not create_attention_backend("torch").supports_cuda_graph
-    # On the CPU no graphs are captured whatever the flags say.
+    assert create_attention_backend("triton", torch.device("cuda" if CUDA else "cpu")).supports_decode_graphs
+    # The torch backend's decode reads host values except through its CPU kernel.
+    assert not create_attention_backend("torch", torch.device("cuda")).supports_decode_graphs
+    # On the CPU no CUDA graphs are captured whatever the flags say (and no compiled
+    # graphs without --enable-torch-compile).
     r = ModelRunner(ServerArgs(model=tiny_llama_dir, device="cpu", max_total_tokens=256,
                                max_running_requests=4), tiny_llama_dir)
-    assert r.cuda_graph_runner is None
+    assert r.decode_graphs is None and r.cuda_graph_batch_sizes is None
 
 
 @pytest.mark.skipif(CUDA, reason="the CUDA engine tests below capture real graphs")
@@ -134,7 +137,7 @@ def test_engine_with_replayed_graphs_matches_torch_backend(tiny_llama_dir):
                         disable_overlap_schedule=False)
         if backend == "triton":
             runner = engine.scheduler.runner
-            graphs = runner.cuda_graph_runner = CudaGraphRunner(runner, [1, 2, 4, 8],
+            graphs = runner.decode_graphs = DecodeGraphRunner(runner, [1, 2, 4, 8],
                                                                 EagerReplayGraph)
         outputs[backend] = run_staggered(engine, prompts, params, seed=1)
         assert_all_slots_back(engine)
@@ -154,8 +157,8 @@ def test_out_of_memory_while_capturing_names_the_flags(tiny_llama_dir, monkeypat
 
     # Pretend to be a CUDA runner with a graph-capable backend whose capture runs out.
     monkeypatch.setattr(r, "device", torch.device("cuda"))
-    monkeypatch.setattr(type(r.attn_backend), "supports_cuda_graph", True)
-    monkeypatch.setattr(mr, "CudaGraphRunner", no_memory)
+    monkeypatch.setattr(r.attn_backend, "supports_decode_graphs", True)
+    monkeypatch.setattr(mr, "DecodeGraphRunner", no_memory)
     with pytest.raises(mr.MemoryPlanError, match="--cuda-graph-max-bs.*--disable-cuda-graph"):
         r._cuda_graphs(args)
     assert r._cuda_graphs(args.replace(disable_cuda_graph=True)) is None
@@ -181,7 +184,7 @@ def test_engine_with_cuda_graphs_matches_eager(tiny_llama_dir):
     eager, _ = _engine_outputs(tiny_llama_dir, attention_backend="triton", disable_cuda_graph=True)
     graphed, engine = _engine_outputs(tiny_llama_dir, attention_backend="triton",
                                       cuda_graph_max_bs=8)
-    graphs = engine.scheduler.runner.cuda_graph_runner
+    graphs = engine.scheduler.runner.decode_graphs
     assert graphs is not None and graphs.batch_sizes == [1, 2, 4, 8]
     assert graphs.replays > 0
     assert graphed == eager
@@ -190,4 +193,4 @@ def test_engine_with_cuda_graphs_matches_eager(tiny_llama_dir):
 @requires_cuda
 def test_torch_backend_on_cuda_runs_eagerly(tiny_llama_dir):
     _, engine = _engine_outputs(tiny_llama_dir, attention_backend="torch")
-    assert engine.scheduler.runner.cuda_graph_runner is None
+    assert engine.scheduler.runner.decode_graphs is None

@@ -1,32 +1,32 @@
-"""CudaGraphRunner: decode forwards replayed from captured CUDA graphs.
+"""DecodeGraphRunner: decode forwards run from graphs made once per batch size.
 
-A decode step of a small model launches hundreds of kernels whose launch overhead
-dominates on a fast GPU. At start-up the runner captures the model's decode forward once
-per batch size in `batch_sizes` (`capture_batch_sizes`, up to --cuda-graph-max-bs) and
-afterwards a decode batch of B requests replays the graph of the smallest captured size
-P >= B instead of launching the kernels one by one.
+A decode step of a small model is hundreds of small ops whose per-op overhead dominates:
+kernel launches on a GPU, dispatch and Python on a CPU. At start-up the runner makes one
+graph of the model's decode forward per batch size in `batch_sizes`
+(`capture_batch_sizes`, up to --cuda-graph-max-bs / --torch-compile-max-bs) and afterwards
+a decode batch of B requests runs the graph of the smallest size P >= B. A graph is:
 
-Static buffers. A graph reads and writes fixed addresses, so every input lives in one
-buffer of max(batch_sizes) rows that all graphs share (graph P reads rows [0, P)); a replay
-copies the batch into rows [0, B) and fills the padding rows [B, P) with a dummy request:
+    CudaGraph       a captured CUDA graph, replayed (CUDA);
+    CompiledGraph   the forward compiled by torch.compile for that size (the CPU's
+                    "CPU graph": executor/compiled_graph.py);
+    EagerReplayGraph  the forward re-run eagerly (the CPU stand-in in tests).
+
+Static buffers. A graph reads fixed inputs, so every input lives in one buffer of
+max(batch_sizes) rows that all graphs share (graph P reads rows [0, P)); a run copies the
+batch into rows [0, B) and fills the padding rows [B, P) with a dummy request:
 
     input_ids 0, positions 0, seq_lens 1, req_pool_indices = req_to_token_pool.dummy_row
     (all zeros: position 0 -> KV slot 0), out_cache_loc 0 (the dummy slot, never handed out)
 
 so a padding row writes its K/V into slot 0 and attends to slot 0 only: it never touches a
-real request's slots and its logits (rows [B, P) of the output) are dropped. The output
-is graph P's own static logits tensor: `replay` returns a view of its first B rows, valid
-until the next replay (the next forward runs after this one's sampling, on the same
-stream, so nothing overwrites it early).
+real request's slots and its logits (rows [B, P) of the output) are dropped. `replay`
+returns a view of the first B rows of the graph's output, valid until the next run (the
+next forward runs after this one's sampling, so nothing overwrites it early).
 
 Which batches: DECODE only (prefills vary in token count), B <= max(batch_sizes), and an
-attention backend whose decode metadata is computed on the device from the static
-buffers (`AttentionBackend.supports_cuda_graph`: triton, not torch, whose decode shapes
-follow the longest sequence). Everything else runs eagerly.
-
-The capture itself is behind `GraphFactory`: `CudaGraph` on CUDA; the CPU tests use
-`EagerReplayGraph`, which re-runs the forward on the same static buffers at each replay,
-so the padding, the buffers and the backend's metadata are checked without a GPU.
+attention backend whose decode reads only the batch's tensors, no host values
+(`AttentionBackend.supports_decode_graphs`: triton; torch on the CPU with its C++ decode
+kernel). Everything else runs eagerly.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 class Graph(Protocol):
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Record fn (reading only the static buffers); return its output tensor, which
-        every replay overwrites in place."""
+        """Record fn (reading only the static buffers); return its first output."""
 
-    def replay(self) -> None: ...
+    def replay(self) -> torch.Tensor:
+        """Run the recorded fn again on the buffers' current contents; its output."""
 
 
 GraphFactory = Callable[[], Graph]
@@ -81,16 +81,18 @@ class CudaGraph:
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         with torch.cuda.graph(self.graph, pool=self.pool):
-            out = fn()
-        return out
+            self.out = fn()
+        return self.out
 
-    def replay(self) -> None:
+    def replay(self) -> torch.Tensor:
         self.graph.replay()
+        return self.out
 
 
 class EagerReplayGraph:
     """The CPU stand-in for tests: `replay` runs the recorded forward again and copies its
-    result into the captured output, exactly the contract of a CUDA graph replay."""
+    result into the captured output, exactly the contract of a CUDA graph replay (one
+    output tensor, overwritten in place)."""
 
     def __init__(self) -> None:
         self.fn: Callable[[], torch.Tensor] | None = None
@@ -101,8 +103,9 @@ class EagerReplayGraph:
         self.out = fn()
         return self.out
 
-    def replay(self) -> None:
+    def replay(self) -> torch.Tensor:
         self.out.copy_(self.fn())
+        return self.out
 
 
 def cuda_graph_factory() -> GraphFactory:
@@ -121,10 +124,12 @@ class _StaticInputs:
     logits_indices: torch.Tensor  # [max_bs] int64, arange: one token per request
 
 
-class CudaGraphRunner:
+class DecodeGraphRunner:
     def __init__(self, runner: "ModelRunner", batch_sizes: list[int],
-                 graph_factory: GraphFactory | None = None) -> None:
+                 graph_factory: GraphFactory | None = None, kind: str = "CUDA graphs") -> None:
+        """kind: what the graphs are, for the log line."""
         self.runner = runner
+        self.kind = kind
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_bs = self.batch_sizes[-1]
         self.dummy_row = runner.req_to_token_pool.dummy_row
@@ -137,7 +142,6 @@ class CudaGraphRunner:
             seq_lens=torch.ones(self.max_bs, dtype=torch.int64, device=dev),
             out_cache_loc=zeros(), logits_indices=torch.arange(self.max_bs, device=dev))
         self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0
         self.padded_rows = 0  # padding rows computed over all replays
         self._capture(graph_factory or cuda_graph_factory())
@@ -156,22 +160,23 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture(self, factory: GraphFactory) -> None:
-        """Largest size first, so the shared memory pool is sized by the largest graph and
-        the smaller ones fit in what it already holds. The static buffers hold the dummy
+        """Largest size first, so the shared memory pool (CUDA) is sized by the largest
+        graph and the smaller ones fit in what it already holds. The static buffers hold the dummy
         request in every row during capture: the warm-up and captured runs write K/V only
         into slot 0."""
         t0 = time.perf_counter()
         run = self.runner.run_model
         for bs in reversed(self.batch_sizes):
             fb = self._static_batch(bs)
-            run(fb)  # warm-up: triton autotuning/compilation, cuBLAS workspaces
+            run(fb)  # warm-up: triton autotuning/compilation, cuBLAS workspaces (eager)
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
             graph = factory()
-            self.outputs[bs] = graph.capture(lambda fb=fb: run(fb))
+            graph.capture(lambda fb=fb: run(fb))
             self.graphs[bs] = graph
-        logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
-                    len(self.graphs), _ranges(self.batch_sizes), time.perf_counter() - t0)
+        self.capture_s = time.perf_counter() - t0
+        logger.info("made %d decode %s (batch sizes %s) in %.1f s", len(self.graphs),
+                    self.kind, _ranges(self.batch_sizes), self.capture_s)
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.forward_mode is ForwardMode.DECODE and fb.batch_size <= self.max_bs
@@ -197,10 +202,10 @@ class CudaGraphRunner:
             s.req_pool_indices[bs:size].fill_(self.dummy_row)
             s.seq_lens[bs:size].fill_(1)
             s.out_cache_loc[bs:size].zero_()
-        self.graphs[size].replay()
+        out = self.graphs[size].replay()
         self.replays += 1
         self.padded_rows += size - bs
-        return self.outputs[size][:bs]
+        return out[:bs]
 
 
 def _ranges(sizes: list[int]) -> str:

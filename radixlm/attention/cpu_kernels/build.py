@@ -1,0 +1,70 @@
+"""Builds the C++ CPU kernels of this folder once per machine and loads them.
+
+Compiled with torch's extension builder (g++ and ninja) for the machine it runs on
+(-march=native), into `cache_root()/cpu_kernels/<name>-<hash>`; the hash covers the
+source, torch's version, the compiler flags and the CPU's flags, so a second start loads
+the built library in well under a second and a different CPU builds its own. Any failure
+(no compiler, no ninja) is logged once and answered with None: the callers fall back to
+their torch code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from radixlm import cpu_features
+from radixlm.cache_dir import cache_root
+
+logger = logging.getLogger(__name__)
+
+# -fassociative-math (with the two flags it needs) lets the compiler vectorize the float
+# reductions of the dot products; results stay float32, in a different summation order.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-signed-zeros", "-fno-trapping-math",
+          "-fassociative-math", "-ffp-contract=fast")
+
+
+def _build_key(source: Path) -> str:
+    h = hashlib.sha256(source.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(" ".join(CFLAGS).encode())
+    h.update(cpu_features.machine_key().encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def load_kernel(name: str) -> ModuleType | None:
+    """The extension built from `<name>.cpp` next to this file, or None (logged)."""
+    if os.environ.get("RADIXLM_DISABLE_CPU_KERNELS"):
+        return None
+    source = Path(__file__).with_name(f"{name}.cpp")
+    key = _build_key(source)
+    build_dir = cache_root() / "cpu_kernels" / f"{name}-{key}"
+    t0 = time.perf_counter()
+    try:
+        from torch.utils.cpp_extension import load
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        # ninja may come as a wheel into this interpreter's bin/ without it being on PATH.
+        bin_dir = os.path.dirname(sys.executable)
+        if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        module = load(name=f"radixlm_{name}_{key}", sources=[str(source)],
+                      extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                      build_directory=str(build_dir), verbose=False)
+    except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"
+        logger.warning("CPU kernel %s unavailable (%s: %s); using the torch fallback",
+                       name, type(e).__name__, str(e).strip().splitlines()[-1][:300] if str(e) else "")
+        return None
+    dt = time.perf_counter() - t0
+    if dt > 2:
+        logger.info("built CPU kernel %s in %.1f s (cached in %s)", name, dt, build_dir)
+    return module

@@ -1,0 +1,162 @@
+// Paged decode attention on the CPU: one new query token per request, its keys and values
+// read in place from the KV pool through req_to_token (no gather, no copy of K/V).
+//
+//   q            [B, H, D]        the step's queries (any float dtype)
+//   k_buf, v_buf [S + 1, KVH, D]  one layer of token_to_kv_pool (float or bf16)
+//   req_to_token [R, C] int32     KV slot of position p of row r
+//   rows, lens   [B] int64        each request's req_to_token row and sequence length
+//   out          [B, H, D]        q's dtype
+//
+// One task per (request, KV head): the G = H / KVH query heads of the group share each K
+// and V row, which is converted to float32 once (GQA without repeating K/V). Scores,
+// softmax and the weighted sum are float32. Tasks are spread over torch's threads.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline void to_float(const T* x, float* y, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) y[i] = static_cast<float>(x[i]);
+}
+
+// bf16 -> f32 is the 16 bits moved up: a loop the compiler vectorizes.
+inline void to_float(const c10::BFloat16* x, float* y, int64_t d) {
+  const uint16_t* u = reinterpret_cast<const uint16_t*>(x);
+  uint32_t* o = reinterpret_cast<uint32_t*>(y);
+  for (int64_t i = 0; i < d; ++i) o[i] = static_cast<uint32_t>(u[i]) << 16;
+}
+
+// exp(x) for x <= 0 (scores minus their maximum), as float32 bit arithmetic the compiler
+// vectorizes (std::exp is a scalar libm call): exp(x) = 2^n * exp(r), x = n ln2 + r with
+// |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error < 2e-7).
+inline float exp_nonpositive(float x) {
+  x = x < -87.f ? -87.f : x;  // below this exp underflows to 0 in float32 anyway
+  const float n = __builtin_roundf(x * 1.44269504f);
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 720;
+  p = p * r + 1.f / 120;
+  p = p * r + 1.f / 24;
+  p = p * r + 1.f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t d) {
+  float s = 0.f;
+  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// In place: s[0, L) -> softmax(s).
+inline void softmax(float* __restrict s, int64_t L) {
+  float m = -INFINITY;
+  for (int64_t l = 0; l < L; ++l) m = s[l] > m ? s[l] : m;
+  float sum = 0.f;
+  for (int64_t l = 0; l < L; ++l) {
+    s[l] = exp_nonpositive(s[l] - m);
+    sum += s[l];
+  }
+  const float inv = L > 0 ? 1.f / sum : 0.f;
+  for (int64_t l = 0; l < L; ++l) s[l] *= inv;
+}
+
+template <typename q_t, typename kv_t>
+void decode(const q_t* q, const kv_t* kb, const kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+            const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
+            int64_t KVH, int64_t D, float scale) {
+  const int64_t G = H / KVH;
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), acc(G * D), row(D), p;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, h = task % KVH;
+      const int64_t L = lens[b];
+      const int32_t* slots = r2t + rows[b] * r2t_stride;
+      // Query heads h*G .. h*G+G-1 of request b, pre-scaled.
+      const q_t* qb = q + (b * H + h * G) * D;
+      to_float(qb, qf.data(), G * D);
+      for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
+      // p[g * L + l]: score, then probability, of query head g for position l.
+      p.resize(static_cast<size_t>(G * L));
+      for (int64_t l = 0; l < L; ++l) {
+        to_float(kb + (static_cast<int64_t>(slots[l]) * KVH + h) * D, row.data(), D);
+        for (int64_t g = 0; g < G; ++g) p[g * L + l] = dot(qf.data() + g * D, row.data(), D);
+      }
+      for (int64_t g = 0; g < G; ++g) softmax(p.data() + g * L, L);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = 0; l < L; ++l) {
+        to_float(vb + (static_cast<int64_t>(slots[l]) * KVH + h) * D, row.data(), D);
+        for (int64_t g = 0; g < G; ++g) {
+          const float w = p[g * L + l];
+          float* __restrict a = acc.data() + g * D;
+          for (int64_t i = 0; i < D; ++i) a[i] += w * row[i];
+        }
+      }
+      q_t* ob = out + (b * H + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i) ob[i] = static_cast<q_t>(acc[i]);
+    }
+  });
+}
+
+template <typename q_t>
+void dispatch_kv(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                 const torch::Tensor& r2t, const torch::Tensor& rows, const torch::Tensor& lens,
+                 torch::Tensor& out, float scale) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
+  const auto run = [&](auto* kv_tag) {
+    using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
+    decode<q_t, kv_t>(q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+                      r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+                      lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale);
+  };
+  switch (k_buf.scalar_type()) {
+    case at::kFloat: run(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: run(static_cast<c10::BFloat16*>(nullptr)); break;
+    case at::kHalf: run(static_cast<c10::Half*>(nullptr)); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: KV dtype ", k_buf.scalar_type());
+  }
+}
+
+}  // namespace
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
+                                     torch::Tensor req_to_token, torch::Tensor rows,
+                                     torch::Tensor lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(),
+              "paged_decode_attention: q [B, H, D], k/v [S, KVH, D]");
+  TORCH_CHECK(q.size(1) % k_buf.size(1) == 0 && q.size(2) == k_buf.size(2),
+              "paged_decode_attention: heads must be a multiple of KV heads, same head_dim");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous() && k_buf.scalar_type() == v_buf.scalar_type(),
+              "paged_decode_attention: contiguous K/V buffers of one dtype");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.stride(1) == 1,
+              "paged_decode_attention: req_to_token int32 with contiguous rows");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && lens.scalar_type() == at::kLong,
+              "paged_decode_attention: rows and lens int64");
+  auto qc = q.contiguous();
+  auto rc = rows.contiguous();
+  auto lc = lens.contiguous();
+  auto out = torch::empty_like(qc);
+  const float s = static_cast<float>(scale);
+  switch (q.scalar_type()) {
+    case at::kFloat: dispatch_kv<float>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
+    case at::kBFloat16: dispatch_kv<c10::BFloat16>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
+    case at::kHalf: dispatch_kv<c10::Half>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: q dtype ", q.scalar_type());
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "Decode attention over the paged KV pool (see the file's header).");
+}

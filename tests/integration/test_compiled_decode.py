@@ -1,0 +1,120 @@
+"""Compiled decode graphs on the CPU (--enable-torch-compile; executor/compiled_graph.py
+driven by executor/decode_graph_runner.py): each batch size's torch.compile'd forward
+equals the eager forward, pads with the dummy request, writes only its own KV slots and
+slot 0, and never recompiles in steady state. Smallest shapes: a tiny Llama in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm import SamplingParams
+from radixlm.attention.cpu_kernels.ops import decode_attention_available
+from radixlm.config import ServerArgs
+from radixlm.executor.compiled_graph import compiled_graph_factory
+from radixlm.executor.decode_graph_runner import DecodeGraphRunner
+from radixlm.executor.forward_batch import ForwardMode
+from radixlm.executor.model_runner import ModelRunner
+from tests.conftest_models import PoolHarness
+
+pytestmark = pytest.mark.skipif(not decode_attention_available(),
+                                reason="compiled decode needs the C++ CPU decode kernel (g++)")
+SIZES = [1, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_llama_dir):
+    args = ServerArgs(model=tiny_llama_dir, device="cpu", dtype="float32", max_total_tokens=1024,
+                      max_running_requests=8)
+    runner = ModelRunner(args, tiny_llama_dir)
+    graphs = runner.decode_graphs = DecodeGraphRunner(runner, SIZES,
+                                                      compiled_graph_factory(len(SIZES)),
+                                                      kind="test")
+    return runner, graphs
+
+
+def _snapshot(pool) -> list[torch.Tensor]:
+    return [b.clone() for b in pool.k_buffers + pool.v_buffers]
+
+
+def test_compiled_equals_eager_and_writes_only_own_slots(compiled):
+    runner, graphs = compiled
+    h = PoolHarness.on_runner(runner)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 256, (int(n),), generator=gen).tolist()
+               for n in torch.randint(3, 40, (8,), generator=gen)]
+    rows = [h.new_request() for _ in prompts]
+    last = runner.forward(h.batch(ForwardMode.EXTEND, rows, prompts)).argmax(-1).tolist()
+    # 1 (exact), 3 (padded to 4), 8 (exact), then 3 again: rows 3..7 of the static buffers
+    # still hold the batch of 8's real requests and must be reset to the dummy request.
+    for active in ([0], [0, 1, 2], list(range(8)), [5, 6, 7], [4]):
+        fb = h.batch(ForwardMode.DECODE, [rows[i] for i in active], [[last[i]] for i in active])
+        eager = runner.run_model(fb).clone()  # writes this step's K/V into its slots
+        before = _snapshot(runner.token_to_kv_pool)
+        out = graphs.replay(fb).clone()  # writes the same K/V again, plus slot 0
+        after = _snapshot(runner.token_to_kv_pool)
+        assert out.shape == eager.shape
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+        assert out.argmax(-1).tolist() == eager.argmax(-1).tolist()
+        mine = fb.out_cache_loc
+        others = torch.ones(before[0].shape[0], dtype=torch.bool)
+        others[0] = False
+        others[mine] = False
+        for b, a in zip(before, after):
+            assert torch.equal(b[others], a[others])
+            torch.testing.assert_close(a[mine], b[mine], rtol=1e-5, atol=1e-5)
+        for i, tok in zip(active, eager.argmax(-1).tolist()):
+            last[i] = tok
+    assert graphs.padded_rows == 1 + 1  # 3 -> 4 twice
+    assert int(runner.req_to_token_pool.req_to_token[graphs.dummy_row].abs().sum()) == 0
+    for row in rows:
+        h.allocator.free(runner.req_to_token_pool.req_to_token[row, :h.seq_lens[row]].long())
+        runner.req_to_token_pool.free(row)
+
+
+def test_no_recompile_while_batches_join_and_leave(compiled):
+    """50 decode steps with batch sizes changing every step: a recompile raises."""
+    runner, graphs = compiled
+    h = PoolHarness.on_runner(runner)
+    gen = torch.Generator().manual_seed(1)
+    rows = [h.new_request() for _ in range(8)]
+    last = runner.forward(h.batch(ForwardMode.EXTEND, rows, [[5, 6, 7]] * 8)).argmax(-1).tolist()
+    replays = graphs.replays
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for step in range(50):
+            n = int(torch.randint(1, 9, (1,), generator=gen))
+            active = sorted(torch.randperm(8, generator=gen)[:n].tolist())
+            fb = h.batch(ForwardMode.DECODE, [rows[i] for i in active],
+                         [[last[i]] for i in active])
+            for i, tok in zip(active, runner.forward(fb).argmax(-1).tolist()):
+                last[i] = tok
+    assert graphs.replays == replays + 50
+    for row in rows:
+        h.allocator.free(runner.req_to_token_pool.req_to_token[row, :h.seq_lens[row]].long())
+        runner.req_to_token_pool.free(row)
+
+
+def test_engine_with_torch_compile_matches_eager(tiny_llama_dir):
+    """A whole serving run (staggered arrivals, requests finishing at different steps, so
+    decode batches of every size, some above the largest compiled one) with
+    --enable-torch-compile equals the eager run token for token; every slot comes back."""
+    from radixlm.engine import Engine
+    from tests.engine_checks import assert_all_slots_back, run_staggered
+
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 256, (int(n),), generator=gen).tolist()
+               for n in torch.randint(4, 30, (6,), generator=gen)]
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (3, 7, 5, 8, 2, 6)]
+    outputs = {}
+    for compile_on in (False, True):
+        engine = Engine(model=tiny_llama_dir, max_total_tokens=1024, max_running_requests=8,
+                        dtype="float32", enable_torch_compile=compile_on, torch_compile_max_bs=4)
+        outputs[compile_on] = run_staggered(engine, prompts, params, seed=1)
+        assert_all_slots_back(engine)
+        graphs = engine.scheduler.runner.decode_graphs
+        if compile_on:
+            assert graphs.batch_sizes == [1, 2, 4] and graphs.replays > 0
+        else:
+            assert graphs is None
+    assert outputs[True] == outputs[False]
