@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
-from radixlm.attention.cpu_kernels.ops import paged_decode_attention
+from radixlm.attention.cpu_kernels.ops import decode_attention
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
@@ -87,8 +87,8 @@ class TorchAttentionBackend(AttentionBackend):
         k_buf, v_buf = pool.get_kv(layer.layer_id)
         if fb.forward_mode.is_decode():
             if self.decode_kernel:
-                return paged_decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
-                                              fb.req_pool_indices, fb.seq_lens, layer.scaling)
+                return decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
+                                        fb.req_pool_indices, fb.seq_lens, layer.scaling)
             return self._decode(q, k_buf, v_buf, layer)
         return self._extend(q, k_buf, v_buf, layer, fb)
 

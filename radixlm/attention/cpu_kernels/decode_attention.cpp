@@ -58,6 +58,16 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t d
   return s;
 }
 
+// Rows are read through req_to_token (a gather the hardware prefetcher cannot predict
+// across slots): ask for the row kAhead positions on while this one is computed.
+constexpr int64_t kAhead = 8;
+
+template <typename T>
+inline void prefetch_row(const T* x, int64_t d) {
+  const char* p = reinterpret_cast<const char*>(x);
+  for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
+}
+
 // In place: s[0, L) -> softmax(s).
 inline void softmax(float* __restrict s, int64_t L) {
   float m = -INFINITY;
@@ -89,12 +99,14 @@ void decode(const q_t* q, const kv_t* kb, const kv_t* vb, const int32_t* r2t, in
       // p[g * L + l]: score, then probability, of query head g for position l.
       p.resize(static_cast<size_t>(G * L));
       for (int64_t l = 0; l < L; ++l) {
+        if (l + kAhead < L) prefetch_row(kb + (static_cast<int64_t>(slots[l + kAhead]) * KVH + h) * D, D);
         to_float(kb + (static_cast<int64_t>(slots[l]) * KVH + h) * D, row.data(), D);
         for (int64_t g = 0; g < G; ++g) p[g * L + l] = dot(qf.data() + g * D, row.data(), D);
       }
       for (int64_t g = 0; g < G; ++g) softmax(p.data() + g * L, L);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t l = 0; l < L; ++l) {
+        if (l + kAhead < L) prefetch_row(vb + (static_cast<int64_t>(slots[l + kAhead]) * KVH + h) * D, D);
         to_float(vb + (static_cast<int64_t>(slots[l]) * KVH + h) * D, row.data(), D);
         for (int64_t g = 0; g < G; ++g) {
           const float w = p[g * L + l];

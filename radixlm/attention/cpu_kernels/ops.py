@@ -16,6 +16,19 @@ def decode_attention_available() -> bool:
     return load_kernel("decode_attention") is not None
 
 
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """`paged_decode_attention`: the op while torch.compile traces, else the kernel called
+    directly (eagerly the op's dispatch through torch.library costs more than the kernel
+    at small batches)."""
+    if torch.compiler.is_compiling():
+        return paged_decode_attention(q, k_buf, v_buf, req_to_token, req_pool_indices,
+                                      seq_lens, scale)
+    return load_kernel("decode_attention").paged_decode_attention(
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
+
+
 @torch.library.custom_op("radixlm::paged_decode_attention", mutates_args=(), device_types="cpu")
 def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
