@@ -1,16 +1,14 @@
-"""Where radixlm keeps what it builds once per machine (CPU kernels, compiled graphs).
-
-$RADIXLM_CACHE_DIR, else $XDG_CACHE_HOME/radixlm, else ~/.cache/radixlm.
-"""
+"""Where radixlm keeps what it makes once per machine: converted tokenizers, built CPU
+kernels, inductor's compiled decode graphs. $RADIXLM_CACHE_DIR, else ~/.cache/radixlm."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+CACHE_ENV = "RADIXLM_CACHE_DIR"
+
 
 def cache_root() -> Path:
-    if os.environ.get("RADIXLM_CACHE_DIR"):
-        return Path(os.environ["RADIXLM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "radixlm"
+    return Path(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                          "radixlm"))

@@ -50,7 +50,7 @@ def create_attention_backend(name: str, device: torch.device | None = None) -> A
     device = device or torch.device("cpu")
     name = resolve_attention_backend_name(name, device)
     if name == "torch":
-        from radixlm.attention.cpu_kernels.ops import decode_attention_available
+        from radixlm.cpu_kernels.ops import decode_attention_available
         from radixlm.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend(

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
-from radixlm.attention.cpu_kernels.ops import decode_attention
+from radixlm.cpu_kernels.ops import decode_attention
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.cpu_kernels.ops import eager_kernels
+
 from radixlm.models.model_config import ModelConfig
 
 
@@ -85,7 +87,11 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  head_dim: int) -> torch.Tensor:
-    """Rotate x [T, heads * head_dim] by the per-token angles cos/sin [T, head_dim // 2]."""
+    """Rotate x [T, heads * head_dim] by the per-token angles cos/sin [T, head_dim // 2].
+    On the CPU's eager forward: one C++ pass (`cpu_kernels/norm_rope.cpp`, same rounding)."""
+    kernels = eager_kernels(x)
+    if kernels is not None and cos.dtype == x.dtype:
+        return kernels.rotary(x, cos, sin, head_dim)
     t = x.shape[0]
     x = x.view(t, -1, head_dim)
     x1, x2 = x.chunk(2, dim=-1)

@@ -17,13 +17,12 @@ import tempfile
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-CACHE_ENV = "RADIXLM_CACHE_DIR"
+from radixlm.cache_dir import CACHE_ENV, cache_root as radixlm_cache_root  # noqa: F401
 
 
 def cache_root() -> str:
-    """$RADIXLM_CACHE_DIR, else ~/.cache/radixlm."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
-    return os.path.join(root, "tokenizers")
+    """Converted tokenizers: `radixlm_cache_root()/tokenizers`."""
+    return str(radixlm_cache_root() / "tokenizers")
 
 
 def load_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTrainedTokenizerBase:

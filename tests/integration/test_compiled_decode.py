@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixlm import SamplingParams
-from radixlm.attention.cpu_kernels.ops import decode_attention_available
+from radixlm.cpu_kernels.ops import decode_attention_available
 from radixlm.config import ServerArgs
 from radixlm.executor.compiled_graph import compiled_graph_factory
 from radixlm.executor.decode_graph_runner import DecodeGraphRunner

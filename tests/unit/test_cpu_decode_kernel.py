@@ -1,4 +1,4 @@
-"""The CPU decode attention kernel (attention/cpu_kernels/decode_attention.cpp) against a
+"""The CPU decode attention kernel (cpu_kernels/decode_attention.cpp) against a
 plain per-request reference, and the torch backend's use of it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.attention.cpu_kernels.ops import decode_attention_available, paged_decode_attention
+from radixlm.cpu_kernels.ops import decode_attention_available, paged_decode_attention
 from radixlm.attention.torch_backend import TorchAttentionBackend
 
 pytestmark = pytest.mark.skipif(not decode_attention_available(),

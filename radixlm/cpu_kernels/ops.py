@@ -1,15 +1,19 @@
-"""The CPU kernels as torch custom ops (`radixlm::...`), callable eagerly and traceable by
-torch.compile (each op has a fake implementation giving its output's shape).
+"""The CPU kernels for callers: decode attention as a torch custom op
+(`radixlm::paged_decode_attention`, traceable by torch.compile: it has a fake
+implementation giving its output's shape), RMSNorm and RoPE for the eager forward only
+(under torch.compile inductor fuses the torch versions itself).
 
-`decode_attention_available()` says whether the kernel built on this machine; callers keep
-their torch fallback for when it did not.
+Each `*_available()` / `eager_kernels()` says whether the kernel built on this machine;
+callers keep their torch code for when it did not.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
-from radixlm.attention.cpu_kernels.build import load_kernel
+from radixlm.cpu_kernels.build import load_kernel
 
 
 def decode_attention_available() -> bool:
@@ -43,3 +47,11 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
 @paged_decode_attention.register_fake
 def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def eager_kernels(x: torch.Tensor) -> ModuleType | None:
+    """The norm/RoPE kernels (`norm_rope.cpp`) when they apply to x: a 2-D CPU tensor in
+    an eager forward, the kernels built; else None (use the torch code)."""
+    if x.device.type != "cpu" or x.dim() != 2 or torch.compiler.is_compiling():
+        return None
+    return load_kernel("norm_rope")

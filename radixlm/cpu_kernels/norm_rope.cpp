@@ -1,0 +1,150 @@
+// RMSNorm and rotary embedding for the CPU's eager forward: each is one pass over its rows
+// instead of the ~8 small torch ops the Python versions dispatch (rms_norm.py, rope.py).
+// Results equal those versions' rounding: float32 math, cast to the activation dtype at
+// the same points HF's Llama casts.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+// Rows per task: small batches stay on the calling thread (no parallel region).
+inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(row_elems, 1)); }
+
+// Element access the compiler can vectorize: Elem<T>::raw is what is stored (bf16 as its
+// 16 bits), load/store convert to and from float32 (bf16 as bit operations, rounding to
+// nearest even: c10::BFloat16's results for every value arithmetic produces; a quiet NaN
+// stays a NaN, only a signalling one, which no float operation returns, would not).
+template <typename T>
+struct Elem {
+  using raw = T;
+  static float load(raw v) { return static_cast<float>(v); }
+  static raw store(float f) { return static_cast<raw>(f); }
+};
+
+template <>
+struct Elem<c10::BFloat16> {
+  using raw = uint16_t;
+  static float load(raw v) {
+    const uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static raw store(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    return static_cast<raw>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+template <typename T>
+using raw_t = typename Elem<T>::raw;
+
+template <typename T>
+const raw_t<T>* raw_ptr(const torch::Tensor& t) { return reinterpret_cast<const raw_t<T>*>(t.data_ptr<T>()); }
+template <typename T>
+raw_t<T>* raw_ptr(torch::Tensor& t) { return reinterpret_cast<raw_t<T>*>(t.data_ptr<T>()); }
+
+// out[t] = weight * cast(x[t] * rsqrt(mean(x[t]^2) + eps)), x in float32 (HF's order).
+template <typename T>
+void rms_norm_rows(const raw_t<T>* x, const raw_t<T>* w, raw_t<T>* out, int64_t rows, int64_t n,
+                   int64_t x_stride, float eps) {
+  using E = Elem<T>;
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const raw_t<T>* __restrict xr = x + r * x_stride;
+      float ss = 0.f;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = E::load(xr[i]);
+        ss += v * v;
+      }
+      const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+      raw_t<T>* __restrict o = out + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float normed = E::load(E::store(E::load(xr[i]) * scale));
+        o[i] = E::store(E::load(w[i]) * normed);
+      }
+    }
+  });
+}
+
+// Neox rotation of every head of x[t] ([heads * d], contiguous rows): with x1, x2 the
+// halves of a head, out = [x1 c - x2 s, x2 c + x1 s], each product and sum rounded to T
+// as torch's elementwise ops on T tensors round them.
+template <typename T>
+void rotary_rows(const raw_t<T>* x, const raw_t<T>* cos, const raw_t<T>* sin, raw_t<T>* out,
+                 int64_t rows, int64_t heads, int64_t d, int64_t x_stride) {
+  using E = Elem<T>;
+  const int64_t half = d / 2;
+  at::parallel_for(0, rows, grain_rows(heads * d), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const raw_t<T>* __restrict c = cos + t * half;
+      const raw_t<T>* __restrict s = sin + t * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const raw_t<T>* __restrict xh = x + t * x_stride + h * d;
+        raw_t<T>* __restrict oh = out + (t * heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = E::load(xh[i]), x2 = E::load(xh[i + half]);
+          const float ci = E::load(c[i]), si = E::load(s[i]);
+          const float a = E::load(E::store(x1 * ci));
+          const float b = E::load(E::store(x2 * si));
+          const float e = E::load(E::store(x2 * ci));
+          const float f = E::load(E::store(x1 * si));
+          oh[i] = E::store(a - b);
+          oh[i + half] = E::store(e + f);
+        }
+      }
+    }
+  });
+}
+
+template <typename F>
+void dispatch(at::ScalarType t, const char* what, F&& f) {
+  switch (t) {
+    case at::kFloat: f(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: f(static_cast<c10::BFloat16*>(nullptr)); break;
+    case at::kHalf: f(static_cast<c10::Half*>(nullptr)); break;
+    default: TORCH_CHECK(false, what, ": dtype ", t);
+  }
+}
+
+}  // namespace
+
+// x [T, n] (rows may be strided), weight [n] of x's dtype -> [T, n] contiguous.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.dim() == 1 && weight.size(0) == x.size(1)
+              && weight.scalar_type() == x.scalar_type() && weight.is_contiguous(),
+              "rms_norm: x [T, n] with contiguous rows, weight [n] of x's dtype");
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  dispatch(x.scalar_type(), "rms_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rms_norm_rows<T>(raw_ptr<T>(x), raw_ptr<T>(weight), raw_ptr<T>(out), x.size(0), x.size(1),
+                     x.stride(0), static_cast<float>(eps));
+  });
+  return out;
+}
+
+// x [T, heads * d] (rows may be strided), cos/sin [T, d/2] of x's dtype -> [T, heads * d].
+torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t head_dim) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % head_dim == 0 && head_dim % 2 == 0,
+              "rotary: x [T, heads * head_dim] with contiguous rows");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  TORCH_CHECK(c.scalar_type() == x.scalar_type() && s.scalar_type() == x.scalar_type()
+              && c.numel() == x.size(0) * (head_dim / 2) && s.numel() == c.numel(),
+              "rotary: cos/sin [T, head_dim / 2] of x's dtype");
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  dispatch(x.scalar_type(), "rotary", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rotary_rows<T>(raw_ptr<T>(x), raw_ptr<T>(c), raw_ptr<T>(s), raw_ptr<T>(out), x.size(0),
+                   x.size(1) / head_dim, head_dim, x.stride(0));
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row (see the file's header).");
+  m.def("rotary", &rotary, "Neox rotary embedding of each head of each row.");
+}

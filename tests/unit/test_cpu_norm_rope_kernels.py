@@ -1,0 +1,54 @@
+"""The eager CPU RMSNorm and RoPE kernels (cpu_kernels/norm_rope.cpp) give the torch
+code's results (rms_norm.py, rope.py): exactly up to float32 summation order, and to the
+same bf16 rounding points."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import radixlm.models.rms_norm as rms_norm_mod
+import radixlm.models.rope as rope_mod
+from radixlm.cpu_kernels.build import load_kernel
+from radixlm.models.rms_norm import RMSNorm
+from radixlm.models.rope import apply_rotary
+
+pytestmark = pytest.mark.skipif(load_kernel("norm_rope") is None,
+                                reason="the C++ CPU kernels did not build (needs g++ and ninja)")
+
+
+def _torch_path(monkeypatch, module) -> None:
+    monkeypatch.setattr(module, "eager_kernels", lambda x: None)
+
+
+@pytest.mark.parametrize("dtype,ulps", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rows", [1, 3, 200])
+def test_rms_norm_matches_torch(monkeypatch, dtype, ulps, rows):
+    g = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(576, generator=g))
+    wide = (3 * torch.randn(rows, 700, generator=g)).to(dtype)
+    x = wide[:, :576]  # strided rows, as a slice of a wider activation
+    with torch.no_grad():
+        out = norm(x)
+        _torch_path(monkeypatch, rms_norm_mod)
+        ref = norm(x)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=ulps, atol=ulps)
+    if dtype is torch.bfloat16:  # the same rounding points: nearly every element equal
+        assert (out != ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+def test_rotary_matches_torch(monkeypatch, dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    t, heads, d = 7, 12, 64
+    qkv = torch.randn(t, heads * d + 3 * d, generator=g).to(dtype)
+    x = qkv[:, :heads * d]  # q|k columns of the fused projection output
+    angles = torch.randn(t, d // 2, generator=g)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    out = apply_rotary(x, cos, sin, d)
+    _torch_path(monkeypatch, rope_mod)
+    ref = apply_rotary(x, cos, sin, d)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
