@@ -43,7 +43,9 @@ def _build_key(source: Path) -> str:
 @functools.cache
 def load_kernel(name: str) -> ModuleType | None:
     """The extension built from `<name>.cpp` next to this file, or None (logged)."""
-    if os.environ.get("RADIXLM_DISABLE_CPU_KERNELS"):
+    # RADIXLM_DISABLE_CPU_KERNELS=1: none (the torch fallbacks); =name,name: those.
+    disabled = os.environ.get("RADIXLM_DISABLE_CPU_KERNELS", "")
+    if disabled == "1" or name in disabled.split(","):
         return None
     source = Path(__file__).with_name(f"{name}.cpp")
     key = _build_key(source)
