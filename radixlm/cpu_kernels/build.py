@@ -10,6 +10,7 @@ their torch code.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -47,7 +48,11 @@ def load_kernel(name: str) -> ModuleType | None:
     disabled = os.environ.get("RADIXLM_DISABLE_CPU_KERNELS", "")
     if disabled == "1" or name in disabled.split(","):
         return None
-    source = Path(__file__).with_name(f"{name}.cpp")
+    return build_extension(name, Path(__file__).with_name(f"{name}.cpp"))
+
+
+def build_extension(name: str, source: Path) -> ModuleType | None:
+    """Build (or find built) and import the extension of one C++ source; None on failure."""
     key = _build_key(source)
     build_dir = cache_root() / "cpu_kernels" / f"{name}-{key}"
     t0 = time.perf_counter()
@@ -59,9 +64,16 @@ def load_kernel(name: str) -> ModuleType | None:
         bin_dir = os.path.dirname(sys.executable)
         if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-        module = load(name=f"radixlm_{name}_{key}", sources=[str(source)],
-                      extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
-                      build_directory=str(build_dir), verbose=False)
+        # One builder at a time (TP ranks, test processes) under a lock the kernel drops
+        # if its holder dies. torch's own lock file ("lock", created and deleted by
+        # load()) would stay behind a killed build and make every later load wait
+        # forever: found under our lock, it can only be such a leftover.
+        with open(build_dir / "radixlm.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (build_dir / "lock").unlink(missing_ok=True)
+            module = load(name=f"radixlm_{name}_{key}", sources=[str(source)],
+                          extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                          build_directory=str(build_dir), verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"
         logger.warning("CPU kernel %s unavailable (%s: %s); using the torch fallback",
                        name, type(e).__name__, str(e).strip().splitlines()[-1][:300] if str(e) else "")

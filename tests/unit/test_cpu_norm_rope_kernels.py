@@ -52,3 +52,26 @@ def test_rotary_matches_torch(monkeypatch, dtype, tol):
     _torch_path(monkeypatch, rope_mod)
     ref = apply_rotary(x, cos, sin, d)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+
+
+def test_a_killed_build_does_not_block_later_builds(tmp_path, monkeypatch):
+    """torch's build lock file left behind by a killed build is cleared, not waited on
+    (a tiny extension, so the build is quick)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    source = tmp_path / "tiny.cpp"
+    source.write_text("#include <pybind11/pybind11.h>\n"
+                      "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"two\", [] { return 2; }); }\n")
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from radixlm.cpu_kernels import build
+        src = Path({str(source)!r})
+        d = build.cache_root() / "cpu_kernels" / f"tiny-{{build._build_key(src)}}"
+        d.mkdir(parents=True)
+        (d / "lock").touch()  # what a build killed inside torch's load() leaves
+        assert build.build_extension("tiny", src).two() == 2
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
