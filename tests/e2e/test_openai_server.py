@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,11 @@ pytestmark = [
 
 openai = pytest.importorskip("openai")
 
-STARTUP_TIMEOUT_S = 180
+# RADIXLM_E2E_SERVER_ARGS: more `radixlm serve` flags for the suite's server, e.g.
+# "--enable-torch-compile --torch-compile-max-bs 8" to run it on compiled decode graphs
+# (RADIXLM_E2E_STARTUP_TIMEOUT_S then gives the compile time).
+EXTRA_SERVER_ARGS = shlex.split(os.environ.get("RADIXLM_E2E_SERVER_ARGS", ""))
+STARTUP_TIMEOUT_S = float(os.environ.get("RADIXLM_E2E_STARTUP_TIMEOUT_S", "180"))
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -44,7 +49,7 @@ def server() -> Iterator[str]:
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
-           "--max-total-tokens", "4096", "--max-running-requests", "8"]
+           "--max-total-tokens", "4096", "--max-running-requests", "8", *EXTRA_SERVER_ARGS]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     started: set[int] = set()
