@@ -121,10 +121,10 @@ class ModelRunner:
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
-        # Sliding-window attention is not implemented: full attention equals it only while
-        # a sequence fits in the window, so the window caps the context.
+        # A sliding window the model's layers do not apply (Mistral): full attention equals
+        # it only while a sequence fits in the window, so the window caps the context.
         self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30,
-                               cfg.sliding_window or 1 << 30)
+                               cfg.context_cap or 1 << 30)
         cap = (args.max_total_tokens if args.max_total_tokens is not None
                else default_max_total_tokens(self.device.type))
         if args.page_size < 1 or (cap is not None and args.page_size > cap):

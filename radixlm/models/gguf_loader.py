@@ -33,7 +33,24 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+# Per architecture: names that differ from the Llama map above.
+_ARCH_LAYER_NAMES = {
+    # Gemma 3's four norms: ffn_norm is the MLP input's (HF pre_feedforward_layernorm),
+    # post_attention_norm the attention output's.
+    "Gemma3ForCausalLM": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# Architectures whose converter permutes Q/K rows (llama.cpp's `LlamaModel.permute`, for
+# its interleaved-pair RoPE); Qwen, Gemma and Phi files keep HF's row order.
+_PERMUTED_QK_ARCHS = ("LlamaForCausalLM",)
+# Architectures whose GGUF norms store 1 + w (HF stores w): convert_hf_to_gguf adds 1.
+_NORM_PLUS_ONE_ARCHS = ("Gemma3ForCausalLM",)
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -72,11 +89,19 @@ def open_gguf(path: str) -> GGUFReader:
     return _FastGGUFReader(path, "r")
 
 
-def hf_name(gguf_name: str) -> str:
+def gguf_architecture(reader: GGUFReader) -> str:
+    """The architecture name (registry key) of a GGUF file's `general.architecture`."""
+    from radixlm.models.model_config import gguf_architecture_name
+
+    return gguf_architecture_name(reader)
+
+
+def hf_name(gguf_name: str, architecture: str = "LlamaForCausalLM") -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
@@ -103,8 +128,8 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
                       ) -> Iterator[tuple[str, "torch.Tensor | QuantizedCheckpointTensor"]]:
     """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file;
     `int4`: Q4_0/Q4_1 linear weights as QuantizedCheckpointTensor (dense + exact groups)."""
-    # Only the llama converter permutes Q/K; qwen2 GGUFs keep HF's row order.
-    permuted = config.architecture == "LlamaForCausalLM"
+    permuted = config.architecture in _PERMUTED_QK_ARCHS
+    norm_minus_one = config.architecture in _NORM_PLUS_ONE_ARCHS
     tensors = reader.tensors
     if show_progress:
         from tqdm import tqdm
@@ -113,7 +138,7 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
     for t in tensors:
         if t.name in _SKIPPED:
             continue
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
         # GGUF lists dims fastest-first ([in, out]); numpy/torch want [out, in].
         shape = tuple(int(d) for d in reversed(t.shape))
         heads = None
@@ -129,6 +154,8 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
             yield name, QuantizedCheckpointTensor(groups.dequantize().to(dtype), groups)
             continue
         arr = dequantize(t.data, t.tensor_type).reshape(shape)  # float32 (F16/BF16 widened)
+        if norm_minus_one and name.endswith("norm.weight"):
+            arr = arr - np.float32(1.0)  # back to HF's w, in float32 (a new array)
         if not arr.flags.writeable:
             arr = np.array(arr)  # F32 data is a view of the read-only mmap
         yield name, unpermute(torch.from_numpy(arr).to(dtype))
