@@ -216,6 +216,10 @@ class ModelConfig:
                 sliding_layers=tuple(bool((i + 1) % _GEMMA3_WINDOW_PATTERN)
                                      for i in range(num_layers)) if window else None,
                 final_logit_softcapping=key("final_logit_softcapping"))
+            # Chat turns end with <end_of_turn>, which llama.cpp also stops at.
+            end_of_turn = _gguf_token_id(reader, "<end_of_turn>", search_first=1024)
+            if end_of_turn is not None and end_of_turn not in eos:
+                eos.append(end_of_turn)
         freq_factors = None
         if "rope_freqs.weight" in tensors:
             freq_factors = tuple(float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1))
@@ -330,6 +334,19 @@ def _as_id_list(value: Any) -> list[int]:
 def _first_id(value: Any) -> int | None:
     ids = _as_id_list(value)
     return ids[0] if ids else None
+
+
+def _gguf_token_id(reader: Any, token: str, search_first: int) -> int | None:
+    """The id of `token` among the first `search_first` vocabulary entries (control
+    tokens sit there; reading all of a 262k vocabulary would cost seconds)."""
+    f = reader.fields.get("tokenizer.ggml.tokens")
+    if f is None:
+        return None
+    want = token.encode()
+    for i, part in enumerate(f.data[:search_first]):
+        if bytes(f.parts[part]) == want:
+            return i
+    return None
 
 
 def _gguf_field(reader: Any, name: str, default: Any = None) -> Any:
