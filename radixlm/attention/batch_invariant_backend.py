@@ -60,8 +60,6 @@ class _TileMetadata:
 
 
 class BatchInvariantAttentionBackend(AttentionBackend):
-    supports_sliding_window = True
-
     def __init__(self, q_tile: int = Q_TILE, kv_tile: int = KV_TILE) -> None:
         self.q_tile = q_tile
         self.kv_tile = kv_tile

@@ -147,7 +147,9 @@ class ModelRunner:
             # Batch-invariant attention and draws (the GEMMs: linear_policy above).
             self.attn_backend = BatchInvariantAttentionBackend()
         else:
-            self.attn_backend = create_attention_backend(args.attention_backend, self.device)
+            self.attn_backend = create_attention_backend(
+                args.attention_backend, self.device,
+                sliding_window=cfg.sliding_layers is not None and any(cfg.sliding_layers))
         self.sampler = Sampler(deterministic=args.enable_deterministic_inference)
         # The CPU's out-of-memory: the planned activation pool as a budget (CUDA raises
         # torch.OutOfMemoryError by itself).
