@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF-named dense tensors.
 
-Tensors are dequantized on the CPU (`gguf.quants.dequantize`, numpy) one at a time and
-cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
+Tensors are dequantized on the CPU one at a time (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K by
+models/gguf_dequant.py in torch, bit-equal to the `gguf` package; other types by
+`gguf.quants.dequantize`) and cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
 also keep their exact 4-bit groups (`QuantizedCheckpointTensor`, models/gguf_int4.py),
 which the layers' int4 method computes with.
 """
@@ -16,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from gguf import GGUFReader
-from gguf.quants import dequantize
 
+from radixlm.models.gguf_dequant import dequantize
 from radixlm.models.gguf_int4 import int4_groups_from_blocks, is_int4_type
 from radixlm.models.linear import QuantizedCheckpointTensor
 from radixlm.models.model_config import ModelConfig
@@ -153,12 +154,10 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
             groups = int4_groups_from_blocks(t.data, t.tensor_type, *shape).permute_rows(unpermute)
             yield name, QuantizedCheckpointTensor(groups.dequantize().to(dtype), groups)
             continue
-        arr = dequantize(t.data, t.tensor_type).reshape(shape)  # float32 (F16/BF16 widened)
+        w = dequantize(t.data, t.tensor_type, shape)  # float32 (F16/BF16 widened)
         if norm_minus_one and name.endswith("norm.weight"):
-            arr = arr - np.float32(1.0)  # back to HF's w, in float32 (a new array)
-        if not arr.flags.writeable:
-            arr = np.array(arr)  # F32 data is a view of the read-only mmap
-        yield name, unpermute(torch.from_numpy(arr).to(dtype))
+            w = w - 1.0  # back to HF's w, in float32
+        yield name, unpermute(w.to(dtype))
 
 
 def _is_linear(hf: str) -> bool:
