@@ -9,8 +9,8 @@ sorted by expert (a stable argsort), so expert e's tokens are one contiguous sli
 [starts[e], starts[e] + counts[e]) of the gathered inputs, and each expert with tokens
 runs one GEMM pair on its slice. Python loops over experts (E iterations), never over
 tokens; the counts are read on the host once per layer (a device sync on CUDA, so MoE
-models are not captured in CUDA graphs). Results are weighted and scattered back with
-one index_add_.
+models are not captured in CUDA graphs). Results are permuted back to (token, choice)
+order and each token's k outputs summed with their weights, in a fixed order.
 
 Tensor parallelism: every expert is a GatedMLP whose intermediate features are split
 across ranks (gate_up column-parallel, down row-parallel without its all-reduce); the
@@ -58,7 +58,7 @@ class SparseMoeBlock(nn.Module):
         weights, ids = self.route(x)
         flat_ids = ids.reshape(-1)  # assignment a = token a // k, its (a % k)-th choice
         order = torch.argsort(flat_ids, stable=True)
-        token_of = order // self.top_k
+        token_of = order // self.top_k  # the token of each sorted assignment
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         xs = x[token_of]  # [T*k, hidden], grouped by expert
         ys = torch.empty_like(xs)
@@ -67,6 +67,9 @@ class SparseMoeBlock(nn.Module):
             if n:
                 ys[start:start + n] = self.experts[e](xs[start:start + n])
                 start += n
-        ys = ys * weights.reshape(-1)[order].unsqueeze(-1)
-        out = torch.zeros_like(x).index_add_(0, token_of, ys)
+        # Back to assignment order [T, k, hidden], then each token's weighted sum over
+        # its k experts (a fixed order: no scatter-add).
+        back = torch.empty_like(ys)
+        back[order] = ys
+        out = (back.view(-1, self.top_k, x.shape[-1]) * weights.unsqueeze(-1)).sum(dim=1)
         return self.ctx.all_reduce(out) if self.ctx.is_parallel else out
