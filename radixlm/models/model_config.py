@@ -205,16 +205,19 @@ class ModelConfig:
             family["qk_norm"] = True
         if architecture in GEMMA_ARCHS:
             # llama.cpp's gemma3: GeGLU, (1 + w) norms, 5 sliding layers then a global
-            # one, local RoPE base 10000, attention scale 1/sqrt(head_dim) (the 270M..12B
+            # one (unless the file has a sliding_window_pattern), local RoPE base 10000, attention scale 1/sqrt(head_dim) (the 270M..12B
             # models' query_pre_attn_scalar; the 27B's differs and is not told apart).
             window = key("attention.sliding_window")
+            # An int N: every N-th layer is global; a list: True = sliding, per layer.
+            pattern = key("attention.sliding_window_pattern", _GEMMA3_WINDOW_PATTERN)
+            sliding = (tuple(bool(x) for x in pattern) if isinstance(pattern, list)
+                       else tuple(bool((i + 1) % int(pattern)) for i in range(num_layers)))
             family.update(
                 hidden_act="gelu_pytorch_tanh", gemma_norms=True,
                 query_pre_attn_scalar=float(head_dim),
                 rope_local_theta=_GEMMA3_LOCAL_THETA,
                 sliding_window=int(window) if window else None,
-                sliding_layers=tuple(bool((i + 1) % _GEMMA3_WINDOW_PATTERN)
-                                     for i in range(num_layers)) if window else None,
+                sliding_layers=sliding if window else None,
                 final_logit_softcapping=key("final_logit_softcapping"))
             # Chat turns end with <end_of_turn>, which llama.cpp also stops at.
             end_of_turn = _gguf_token_id(reader, "<end_of_turn>", search_first=1024)
