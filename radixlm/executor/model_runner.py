@@ -180,6 +180,10 @@ class ModelRunner:
             logger.info("CUDA graphs off: the %s attention backend does not support them "
                         "(--attention-backend triton does)", type(self.attn_backend).__name__)
             return None
+        if self.model_config.num_experts:
+            # models/moe.py reads each expert's token count on the host: not capturable.
+            logger.info("CUDA graphs off: the MoE layers group tokens by expert on the host")
+            return None
         max_bs = min(args.cuda_graph_max_bs, self.max_running_requests)
         try:
             return DecodeGraphRunner(self, capture_batch_sizes(max_bs))
