@@ -119,6 +119,9 @@ class TorchAttentionBackend(AttentionBackend):
         k_buf, v_buf = pool.get_kv(layer.layer_id)
         if fb.forward_mode.is_decode():
             if self.decode_kernel:
+                # The kernel attends to every key (create_attention_backend builds this
+                # backend without it for sliding-window models).
+                assert layer.sliding_window is None, "the C++ decode kernel has no window"
                 return decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
                                         fb.req_pool_indices, fb.seq_lens, layer.scaling)
             return self._decode(q, k_buf, v_buf, layer)

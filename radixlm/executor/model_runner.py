@@ -92,6 +92,10 @@ class MemoryPlanError(ValueError):
     """The memory plan cannot work; the message says why and which flag to change."""
 
 
+# models/moe.py reads each expert's token count on the host: no graph can hold that.
+_MOE_NO_GRAPHS = "the MoE layers group tokens by expert on the host"
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, ctx: ParallelContext = SINGLE) -> None:
         """`ctx`: this process's tensor-parallel rank (executor/distributed.py); the model
@@ -168,6 +172,9 @@ class ModelRunner:
                            "host values in decode (the torch backend needs its C++ decode "
                            "kernel, which did not build)", type(self.attn_backend).__name__)
             return None
+        if self.model_config.num_experts:
+            logger.warning("--enable-torch-compile ignored: %s", _MOE_NO_GRAPHS)
+            return None
         sizes = capture_batch_sizes(min(args.torch_compile_max_bs, self.max_running_requests))
         return DecodeGraphRunner(self, sizes, compiled_graph_factory(len(sizes)),
                                  kind="torch.compile graphs")
@@ -181,8 +188,7 @@ class ModelRunner:
                         "(--attention-backend triton does)", type(self.attn_backend).__name__)
             return None
         if self.model_config.num_experts:
-            # models/moe.py reads each expert's token count on the host: not capturable.
-            logger.info("CUDA graphs off: the MoE layers group tokens by expert on the host")
+            logger.info("CUDA graphs off: %s", _MOE_NO_GRAPHS)
             return None
         max_bs = min(args.cuda_graph_max_bs, self.max_running_requests)
         try:
