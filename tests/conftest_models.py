@@ -32,7 +32,8 @@ class PoolHarness:
                                               config.head_dim, kv_dtype)
         self.allocator = KVSlotAllocator(num_slots)
         # The backend the engine builds on the CPU: the C++ decode kernel where it built.
-        self.backend = create_attention_backend("torch")
+        self.backend = create_attention_backend(
+            "torch", sliding_window=bool(config.sliding_layers and any(config.sliding_layers)))
         self.seq_lens: dict[int, int] = {}  # req_to_token row -> tokens with K/V in the pool
 
     @classmethod

@@ -141,7 +141,10 @@ class BatchInvariantAttentionBackend(AttentionBackend):
             kj = self._gather(k_buf, md.kv_slots[:n, j * kt:(j + 1) * kt], kvh, d)
             s = torch.bmm(qt_[:n].reshape(n * kvh, rows, d), kj.transpose(1, 2))
             s = s.view(n, kvh, rows, kt)
-            visible = (j * kt + key_off)[None, None, :] <= q_pos[:n, :, None]  # causal
+            k_pos = (j * kt + key_off)[None, None, :]
+            visible = k_pos <= q_pos[:n, :, None]  # causal
+            if layer.sliding_window is not None:  # and within the window
+                visible = visible & (k_pos > q_pos[:n, :, None] - layer.sliding_window)
             s = s.masked_fill(~visible[:, None], float("-inf"))
             scores.append(s)
             row_max[:n] = torch.maximum(row_max[:n], s.amax(dim=-1))

@@ -12,9 +12,13 @@ if TYPE_CHECKING:
 
 
 class RadixAttention(nn.Module):
+    """`sliding_window`: a query at position p sees keys at positions (p - window, p]
+    (HF's `kv_idx > q_idx - sliding_window`); None = all keys up to p."""
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float,
-                 layer_id: int) -> None:
+                 layer_id: int, sliding_window: int | None = None) -> None:
         super().__init__()
+        self.sliding_window = sliding_window
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

@@ -9,7 +9,7 @@ batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,6 +31,19 @@ class _DecodeMetadata:
     length: int  # L, the longest seq_len of the batch
     real: torch.Tensor  # [1, B, 1, L] bool, True where the key is real (kv head, request,
     # query head of the group, key) broadcast
+    seq_lens: torch.Tensor  # [B]
+    # sliding window -> `real` restricted to the last `window` keys (built on first use)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def visible(self, window: int | None) -> torch.Tensor:
+        if window is None:
+            return self.real
+        if window not in self.windowed:
+            # The query sits at position seq_len - 1: keys k > seq_len - 1 - window.
+            ar = torch.arange(self.length, device=self.real.device)
+            recent = ar[None, :] >= (self.seq_lens[:, None] - window)
+            self.windowed[window] = self.real & recent[None, :, None, :]
+        return self.windowed[window]
 
 
 @dataclass
@@ -40,6 +53,23 @@ class _ExtendMetadata:
     kv_indices: list[torch.Tensor]
     masks: list[torch.Tensor | None]
     token_offsets: list[int]  # start of each request's tokens in the flat T dimension
+    prefix_lens: list[int]
+    # sliding window -> per request mask [extend_len, seq_len] (built on first use)
+    windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def layer_masks(self, window: int | None) -> list[torch.Tensor | None]:
+        if window is None:
+            return self.masks
+        if window not in self.windowed:
+            masks = []
+            for idx, prefix in zip(self.kv_indices, self.prefix_lens):
+                seq = idx.shape[0]
+                # Query j at position prefix + j sees keys (prefix + j - window, prefix + j].
+                q_pos = torch.arange(prefix, seq, device=idx.device)[:, None]
+                k_pos = torch.arange(seq, device=idx.device)[None, :]
+                masks.append((k_pos <= q_pos) & (k_pos > q_pos - window))
+            self.windowed[window] = masks
+        return self.windowed[window]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -60,7 +90,8 @@ class TorchAttentionBackend(AttentionBackend):
             ar = torch.arange(max_len, device=rows.device)
             real = ar[None, :] < fb.seq_lens[:, None]
             self.decode_md = _DecodeMetadata(kv_flat=rows.masked_fill(~real, 0).reshape(-1),
-                                             length=max_len, real=real[None, :, None, :])
+                                             length=max_len, real=real[None, :, None, :],
+                                             seq_lens=fb.seq_lens)
             return
         kv_indices, masks, offsets = [], [], []
         offset = 0
@@ -78,7 +109,8 @@ class TorchAttentionBackend(AttentionBackend):
                 masks.append(k_pos[None, :] <= q_pos[:, None])
             offsets.append(offset)
             offset += ext
-        self.extend_md = _ExtendMetadata(kv_indices, masks, offsets)
+        self.extend_md = _ExtendMetadata(kv_indices, masks, offsets,
+                                         list(fb.extend_prefix_lens_cpu))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
@@ -87,6 +119,9 @@ class TorchAttentionBackend(AttentionBackend):
         k_buf, v_buf = pool.get_kv(layer.layer_id)
         if fb.forward_mode.is_decode():
             if self.decode_kernel:
+                # The kernel attends to every key (create_attention_backend builds this
+                # backend without it for sliding-window models).
+                assert layer.sliding_window is None, "the C++ decode kernel has no window"
                 return decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
                                         fb.req_pool_indices, fb.seq_lens, layer.scaling)
             return self._decode(q, k_buf, v_buf, layer)
@@ -115,7 +150,7 @@ class TorchAttentionBackend(AttentionBackend):
         k, v = gather(k_buf), gather(v_buf)
         qg = q.view(b, kvh, heads // kvh, d).transpose(0, 1).float()  # [kvh, B, group, d]
         scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(layer.scaling)  # [kvh, B, group, L]
-        scores.masked_fill_(~md.real, float("-inf"))
+        scores.masked_fill_(~md.visible(layer.sliding_window), float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [kvh, B, group, d]
         return out.transpose(0, 1).reshape(b, heads, d).to(q.dtype)
 
@@ -124,8 +159,8 @@ class TorchAttentionBackend(AttentionBackend):
         md = self.extend_md
         out = torch.empty_like(q)
         gqa = layer.num_heads != layer.num_kv_heads
-        for idx, mask, off, ext in zip(md.kv_indices, md.masks, md.token_offsets,
-                                       fb.extend_seq_lens_cpu):
+        for idx, mask, off, ext in zip(md.kv_indices, md.layer_masks(layer.sliding_window),
+                                       md.token_offsets, fb.extend_seq_lens_cpu):
             qi = q[off:off + ext].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, d]
             ki = k_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kvh, seq, d]
             vi = v_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)

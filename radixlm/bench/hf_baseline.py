@@ -1,13 +1,15 @@
 """The transformers baseline: `model.generate` on padded static batches, same weights and dtype.
 
-A local HF directory is loaded with `from_pretrained`. A GGUF file goes through radixlm's
-own dequantizer (`iter_gguf_weights`, which already yields HF tensor names and HF's Q/K
-row order) into a transformers model built from the same ModelConfig, so both engines
-multiply exactly the same numbers.
+A local HF directory is loaded with `from_pretrained`. A Llama/Qwen2 GGUF file goes
+through radixlm's own dequantizer (`iter_gguf_weights`, which already yields HF tensor
+names and HF's Q/K row order) into a transformers model built from the same ModelConfig,
+so both engines multiply exactly the same numbers; GGUFs of the other families (Gemma 3,
+Qwen3) go through transformers' own GGUF loader (the same gguf dequantizers).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -52,6 +54,10 @@ def load_hf_model(model_path: str, dtype: torch.dtype) -> Any:
                                                     attn_implementation="sdpa").eval()
     reader = open_gguf(model_path)
     config = ModelConfig.from_gguf_metadata(reader)
+    if config.architecture not in _MODEL_TYPES:
+        d, f = os.path.split(model_path)
+        return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype,
+                                                    attn_implementation="sdpa").eval()
     model = AutoModelForCausalLM.from_config(hf_config_from(config, dtype), dtype=dtype,
                                              attn_implementation="sdpa")
     state = dict(iter_gguf_weights(reader, config, dtype))

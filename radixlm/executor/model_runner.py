@@ -92,6 +92,10 @@ class MemoryPlanError(ValueError):
     """The memory plan cannot work; the message says why and which flag to change."""
 
 
+# models/moe.py reads each expert's token count on the host: no graph can hold that.
+_MOE_NO_GRAPHS = "the MoE layers group tokens by expert on the host"
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, ctx: ParallelContext = SINGLE) -> None:
         """`ctx`: this process's tensor-parallel rank (executor/distributed.py); the model
@@ -121,10 +125,10 @@ class ModelRunner:
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
         cfg: ModelConfig = self.model_config
-        # Sliding-window attention is not implemented: full attention equals it only while
-        # a sequence fits in the window, so the window caps the context.
+        # A sliding window the model's layers do not apply (Mistral): full attention equals
+        # it only while a sequence fits in the window, so the window caps the context.
         self.context_len = min(cfg.max_position_embeddings, args.context_length or 1 << 30,
-                               cfg.sliding_window or 1 << 30)
+                               cfg.context_cap or 1 << 30)
         cap = (args.max_total_tokens if args.max_total_tokens is not None
                else default_max_total_tokens(self.device.type))
         if args.page_size < 1 or (cap is not None and args.page_size > cap):
@@ -147,7 +151,9 @@ class ModelRunner:
             # Batch-invariant attention and draws (the GEMMs: linear_policy above).
             self.attn_backend = BatchInvariantAttentionBackend()
         else:
-            self.attn_backend = create_attention_backend(args.attention_backend, self.device)
+            self.attn_backend = create_attention_backend(
+                args.attention_backend, self.device,
+                sliding_window=cfg.sliding_layers is not None and any(cfg.sliding_layers))
         self.sampler = Sampler(deterministic=args.enable_deterministic_inference)
         # The CPU's out-of-memory: the planned activation pool as a budget (CUDA raises
         # torch.OutOfMemoryError by itself).
@@ -166,6 +172,9 @@ class ModelRunner:
                            "host values in decode (the torch backend needs its C++ decode "
                            "kernel, which did not build)", type(self.attn_backend).__name__)
             return None
+        if self.model_config.num_experts:
+            logger.warning("--enable-torch-compile ignored: %s", _MOE_NO_GRAPHS)
+            return None
         sizes = capture_batch_sizes(min(args.torch_compile_max_bs, self.max_running_requests))
         return DecodeGraphRunner(self, sizes, compiled_graph_factory(len(sizes)),
                                  kind="torch.compile graphs")
@@ -177,6 +186,9 @@ class ModelRunner:
         if not self.attn_backend.supports_decode_graphs:
             logger.info("CUDA graphs off: the %s attention backend does not support them "
                         "(--attention-backend triton does)", type(self.attn_backend).__name__)
+            return None
+        if self.model_config.num_experts:
+            logger.info("CUDA graphs off: %s", _MOE_NO_GRAPHS)
             return None
         max_bs = min(args.cuda_graph_max_bs, self.max_running_requests)
         try:

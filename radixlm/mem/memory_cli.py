@@ -111,7 +111,7 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
                                prepacked_head=onednn_prepack_available(torch_dtype, device_guess))
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
-                      cfg.sliding_window or 1 << 30)
+                      cfg.context_cap or 1 << 30)
     chunk = ns.chunked_prefill_size
     if chunk is None:
         chunk = default_chunked_prefill_size(device.kind, device.total_bytes)

@@ -26,11 +26,18 @@ from radixlm.models.model_config import ModelConfig
 
 # Name suffix -> how the tensor is split across TP ranks.
 _COL_PARALLEL = ("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias",
-                 "up_proj.weight", "up_proj.bias")
+                 "up_proj.weight", "up_proj.bias",
+                 # MoE experts: transformers 5's fused stacks, Mixtral's w1 (gate), w3 (up)
+                 "experts.gate_up_proj", "w1.weight", "w3.weight")
 _KV_PARALLEL = ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")
-_ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")  # their biases are replicated
+_ROW_PARALLEL = ("o_proj.weight", "down_proj.weight",  # their biases are replicated
+                 "experts.down_proj", "w2.weight")
+# The MoE router (E rows, replicated: every rank routes all tokens).
+_REPLICATED_LINEAR = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
 _LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
-                   "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+                   "gate_proj.weight", "up_proj.weight", "down_proj.weight",
+                   "experts.gate_up_proj", "experts.down_proj", "w1.weight", "w2.weight",
+                   "w3.weight") + _REPLICATED_LINEAR
 _VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
 _REPLICATED = ("norm.weight", "o_proj.bias", "down_proj.bias")
 
@@ -84,7 +91,8 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
 
 
 def config_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the Llama-family model holds, by HF name, from the architecture."""
+    """Every tensor the model holds, by HF name, from the architecture (any family: q/k
+    norms, Gemma's four norms per layer, MoE routers and experts)."""
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h),
@@ -96,9 +104,24 @@ def config_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update({
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if cfg.is_moe_layer(i):
+            e_inter = cfg.moe_intermediate_size
+            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                pe = f"{p}mlp.experts.{e}."
+                shapes.update({pe + "gate_proj.weight": (e_inter, h),
+                               pe + "up_proj.weight": (e_inter, h),
+                               pe + "down_proj.weight": (h, e_inter)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (inter, h),
+                           p + "mlp.up_proj.weight": (inter, h),
+                           p + "mlp.down_proj.weight": (h, inter)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        if cfg.gemma_norms:
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,),
+                           p + "post_feedforward_layernorm.weight": (h,)})
         if cfg.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
@@ -133,16 +156,17 @@ def safetensors_shapes(model_dir: str) -> tuple[dict[str, tuple[int, ...]], int]
 def gguf_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], int]:
     """(HF-named shape by name, stored bytes) from a GGUF tensor table. GGUF lists dims
     fastest first ([in, out]), HF slowest first ([out, in]): reversed."""
-    from radixlm.models.gguf_loader import hf_name, open_gguf
+    from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
 
     reader = open_gguf(path)
+    arch = gguf_architecture(reader)
     shapes: dict[str, tuple[int, ...]] = {}
     stored = 0
     for t in reader.tensors:
         stored += int(t.n_bytes)
         if t.name == "rope_freqs.weight":  # metadata in disguise, not a weight
             continue
-        shapes[hf_name(t.name)] = tuple(int(x) for x in reversed(t.shape.tolist()))
+        shapes[hf_name(t.name, arch)] = tuple(int(x) for x in reversed(t.shape.tolist()))
     return shapes, stored
 
 
@@ -150,11 +174,13 @@ def gguf_int4_tensors(path: str) -> frozenset[str]:
     """HF names of a GGUF's Q4_0/Q4_1 projection weights (what `--quantization auto` keeps
     as int4)."""
     from radixlm.models.gguf_int4 import is_int4_type
-    from radixlm.models.gguf_loader import hf_name, open_gguf
+    from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
 
-    return frozenset(hf_name(t.name) for t in open_gguf(path).tensors
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader)
+    return frozenset(hf_name(t.name, arch) for t in reader.tensors
                      if t.name != "rope_freqs.weight" and is_int4_type(t.tensor_type)
-                     and hf_name(t.name).endswith(_LINEAR_WEIGHTS))
+                     and hf_name(t.name, arch).endswith(_LINEAR_WEIGHTS))
 
 
 def checkpoint_shapes(model_path: str, cfg: ModelConfig
@@ -210,7 +236,8 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             per_rank = n // tp
         elif name.endswith(_KV_PARALLEL):
             per_rank = n * kv_frac[0] // kv_frac[1]
-        elif name.endswith(_REPLICATED) or name.endswith("layernorm.weight"):
+        elif (name.endswith(_REPLICATED) or name.endswith("layernorm.weight")
+              or name.endswith(_REPLICATED_LINEAR)):
             per_rank = n
         else:
             continue  # not a weight of the model (e.g. rotary_emb.inv_freq)
@@ -223,8 +250,11 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             other += per_rank * dtype_bytes
     if prepacked_head and cfg.tie_word_embeddings:
         head = emb
-    # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank.
-    other += cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
+    # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank
+    # (float32 buffers cast on copy: the buffer's dtype is the model's); a second one for
+    # the local layers' RoPE base (Gemma 3).
+    ropes = 2 if cfg.rope_local_theta is not None else 1
+    other += ropes * cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
     return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes, int4,
                           dtype_name)
 

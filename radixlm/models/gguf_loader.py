@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF-named dense tensors.
 
-Tensors are dequantized on the CPU (`gguf.quants.dequantize`, numpy) one at a time and
-cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
+Tensors are dequantized on the CPU one at a time (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K by
+models/gguf_dequant.py in torch, bit-equal to the `gguf` package; other types by
+`gguf.quants.dequantize`) and cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
 also keep their exact 4-bit groups (`QuantizedCheckpointTensor`, models/gguf_int4.py),
 which the layers' int4 method computes with.
 """
@@ -16,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from gguf import GGUFReader
-from gguf.quants import dequantize
 
+from radixlm.models.gguf_dequant import dequantize
 from radixlm.models.gguf_int4 import int4_groups_from_blocks, is_int4_type
 from radixlm.models.linear import QuantizedCheckpointTensor
 from radixlm.models.model_config import ModelConfig
@@ -33,7 +34,24 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+# Per architecture: names that differ from the Llama map above.
+_ARCH_LAYER_NAMES = {
+    # Gemma 3's four norms: ffn_norm is the MLP input's (HF pre_feedforward_layernorm),
+    # post_attention_norm the attention output's.
+    "Gemma3ForCausalLM": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# Architectures whose converter permutes Q/K rows (llama.cpp's `LlamaModel.permute`, for
+# its interleaved-pair RoPE); Qwen, Gemma and Phi files keep HF's row order.
+_PERMUTED_QK_ARCHS = ("LlamaForCausalLM",)
+# Architectures whose GGUF norms store 1 + w (HF stores w): convert_hf_to_gguf adds 1.
+_NORM_PLUS_ONE_ARCHS = ("Gemma3ForCausalLM",)
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -72,11 +90,19 @@ def open_gguf(path: str) -> GGUFReader:
     return _FastGGUFReader(path, "r")
 
 
-def hf_name(gguf_name: str) -> str:
+def gguf_architecture(reader: GGUFReader) -> str:
+    """The architecture name (registry key) of a GGUF file's `general.architecture`."""
+    from radixlm.models.model_config import gguf_architecture_name
+
+    return gguf_architecture_name(reader)
+
+
+def hf_name(gguf_name: str, architecture: str = "LlamaForCausalLM") -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
@@ -103,8 +129,8 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
                       ) -> Iterator[tuple[str, "torch.Tensor | QuantizedCheckpointTensor"]]:
     """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file;
     `int4`: Q4_0/Q4_1 linear weights as QuantizedCheckpointTensor (dense + exact groups)."""
-    # Only the llama converter permutes Q/K; qwen2 GGUFs keep HF's row order.
-    permuted = config.architecture == "LlamaForCausalLM"
+    permuted = config.architecture in _PERMUTED_QK_ARCHS
+    norm_minus_one = config.architecture in _NORM_PLUS_ONE_ARCHS
     tensors = reader.tensors
     if show_progress:
         from tqdm import tqdm
@@ -113,7 +139,7 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
     for t in tensors:
         if t.name in _SKIPPED:
             continue
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
         # GGUF lists dims fastest-first ([in, out]); numpy/torch want [out, in].
         shape = tuple(int(d) for d in reversed(t.shape))
         heads = None
@@ -128,10 +154,10 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
             groups = int4_groups_from_blocks(t.data, t.tensor_type, *shape).permute_rows(unpermute)
             yield name, QuantizedCheckpointTensor(groups.dequantize().to(dtype), groups)
             continue
-        arr = dequantize(t.data, t.tensor_type).reshape(shape)  # float32 (F16/BF16 widened)
-        if not arr.flags.writeable:
-            arr = np.array(arr)  # F32 data is a view of the read-only mmap
-        yield name, unpermute(torch.from_numpy(arr).to(dtype))
+        w = dequantize(t.data, t.tensor_type, shape)  # float32 (F16/BF16 widened)
+        if norm_minus_one and name.endswith("norm.weight"):
+            w = w - 1.0  # back to HF's w, in float32
+        yield name, unpermute(w.to(dtype))
 
 
 def _is_linear(hf: str) -> bool:

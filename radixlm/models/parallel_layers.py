@@ -149,16 +149,21 @@ class ColumnParallelLinear(_ShardedLinear):
 class RowParallelLinear(_ShardedLinear):
     """y = all_reduce(x_local @ W_local.T) + b: x arrives split along its features (rank r
     holds features [r*n, (r+1)*n), n = in_features / tp), W is split the same way along
-    dim 1; the bias is replicated and added once, after the sum."""
+    dim 1; the bias is replicated and added once, after the sum. `reduce=False`: the
+    rank's partial sum (no bias allowed), which the caller all-reduces (MoE experts)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
-                 ctx: ParallelContext, what: str = "input features") -> None:
+                 ctx: ParallelContext, what: str = "input features",
+                 reduce: bool = True) -> None:
         self.in_local = split_evenly(in_features, ctx.tp_size, what)
+        if bias and not reduce:
+            raise ValueError("a row-parallel layer without its all-reduce takes no bias")
         super().__init__(self.in_local, out_features, out_features if bias else None, ctx)
         self.in_features, self.out_features = in_features, out_features
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.ctx.is_parallel:
+        if not self.ctx.is_parallel or not self.reduce:
             return self._gemm(x, self.bias)
         y = self.ctx.all_reduce(self._gemm(x, None))
         return y + self.bias if self.bias is not None else y

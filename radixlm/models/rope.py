@@ -55,9 +55,13 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """`theta` given: that base without scaling or frequency factors (Gemma 3's local
+    layers); else the config's RoPE."""
+
+    def __init__(self, config: ModelConfig, theta: float | None = None) -> None:
         super().__init__()
         self.config = config
+        self.theta = theta
         # cos_sin_cache[p] = [cos(p * f_0..f_{d/2-1}), sin(p * f_0..f_{d/2-1})]: [max_pos, head_dim]
         # Not in checkpoints (non-persistent); `reset_cache()` recomputes it after a model was
         # materialized from the meta device.
@@ -65,7 +69,9 @@ class RotaryEmbedding(nn.Module):
 
     def _compute_cache(self) -> torch.Tensor:
         c = self.config
-        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, c.rope_freq_factors)
+        inv_freq = (rope_inv_freq(c.head_dim, self.theta, None) if self.theta is not None
+                    else rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling,
+                                       c.rope_freq_factors))
         pos = torch.arange(c.max_position_embeddings, dtype=torch.int64).to(torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [max_pos, d/2], as HF's position * inv_freq
         return torch.cat([freqs.cos(), freqs.sin()], dim=-1)

@@ -3,7 +3,8 @@
 Building a tokenizer from GGUF metadata is slow (transformers parses the whole file and
 converts the vocabulary: ~6-11 s for SmolLM2 on a small CPU), so the result is saved in
 HF format under a cache directory keyed by the file's identity and loaded from there
-afterwards (~0.3 s). The cache entry is written to a temporary directory and renamed
+afterwards (~0.3 s). A GGUF without a chat template gets its family's
+(tokenizer/family_templates.py) before it is saved. The cache entry is written to a temporary directory and renamed
 into place, so concurrent first starts never see (or leave) a half-written entry.
 """
 
@@ -18,6 +19,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from radixlm.cache_dir import CACHE_ENV, cache_root as radixlm_cache_root  # noqa: F401
+from radixlm.tokenizer.family_templates import default_chat_template
 
 
 def cache_root() -> str:
@@ -56,10 +58,19 @@ def _load_gguf_tokenizer(gguf_path: str) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
                                               gguf_file=os.path.basename(gguf_path),
                                               local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = default_chat_template(_gguf_arch(gguf_path))
     _save_atomically(tokenizer, cached)
     # Load the saved copy rather than return the converted one, so the first start and
     # every later one use the exact same tokenizer.
     return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+
+
+def _gguf_arch(gguf_path: str) -> str | None:
+    from radixlm.models.gguf_loader import open_gguf
+
+    field = open_gguf(gguf_path).fields.get("general.architecture")
+    return None if field is None else field.contents()
 
 
 def _save_atomically(tokenizer: PreTrainedTokenizerBase, target: str) -> None:

@@ -86,6 +86,7 @@ def test_backend_decode_equals_the_gather_path():
 
     class _Layer:
         layer_id, num_heads, num_kv_heads, head_dim, scaling = 0, 4, 2, 16, 0.25
+        sliding_window = None  # RadixAttention's: full attention
 
     q, k_buf, v_buf, r2t, rows, lens = _case(4, 4, 2, 16, torch.float32, 30, seed=3)
     r2t_pool = ReqToTokenPool(r2t.shape[0] - 1, r2t.shape[1])

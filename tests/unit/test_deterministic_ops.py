@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -45,7 +46,8 @@ def test_draws_follow_the_distribution() -> None:
     torch.testing.assert_close(counts, probs[0], atol=0.03, rtol=0)
 
 
-def test_attention_query_does_not_depend_on_chunks_batch_or_decode() -> None:
+@pytest.mark.parametrize("window", [None, 20], ids=["causal", "window20"])
+def test_attention_query_does_not_depend_on_chunks_batch_or_decode(window) -> None:
     from types import SimpleNamespace
 
     from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
@@ -58,7 +60,7 @@ def test_attention_query_does_not_depend_on_chunks_batch_or_decode() -> None:
                                 for _ in range(6)]).to(torch.int32)
     pool = SimpleNamespace(set_kv=lambda *a: None, get_kv=lambda layer_id: (k_buf, v_buf))
     layer = SimpleNamespace(layer_id=0, num_heads=heads, num_kv_heads=kvh, head_dim=d,
-                            scaling=d ** -0.5)
+                            scaling=d ** -0.5, sliding_window=window)
 
     def run(mode: ForwardMode, rows: list[int], prefix: list[int], ext: list[int],
             q: torch.Tensor) -> torch.Tensor:
@@ -78,9 +80,13 @@ def test_attention_query_does_not_depend_on_chunks_batch_or_decode() -> None:
     q = rand(150)
     full = run(ForwardMode.EXTEND, [0], [0], [150], q)
     idx = req_to_token[0, :150].long()
+    pos = torch.arange(150)
+    mask = pos[None, :] <= pos[:, None]  # causal, and within the window when there is one
+    if window is not None:
+        mask &= pos[None, :] > pos[:, None] - window
     ref = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k_buf[idx].transpose(0, 1)[None],
-        v_buf[idx].transpose(0, 1)[None], is_causal=True, scale=d ** -0.5, enable_gqa=True)
+        v_buf[idx].transpose(0, 1)[None], attn_mask=mask, scale=d ** -0.5, enable_gqa=True)
     torch.testing.assert_close(full, ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     # The same queries in three chunks, each batched with other requests.
     a = run(ForwardMode.EXTEND, [3, 0], [10, 0], [21, 37], torch.cat([rand(21), q[:37]]))[21:]

@@ -27,7 +27,13 @@ _TO_GGUF = {
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
+# convert_hf_to_gguf's Gemma 3 names for its four norms.
+_GEMMA_TO_GGUF = {**_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
+                  "pre_feedforward_layernorm": "ffn_norm",
+                  "post_feedforward_layernorm": "post_ffw_norm"}
+_ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -36,11 +42,12 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def to_gguf_name(name: str) -> str:
+def to_gguf_name(name: str, arch: str = "llama") -> str:
     if name.startswith("model.layers."):
         _, _, layer, rest = name.split(".", 3)
         module, suffix = rest.rsplit(".", 1)
-        return f"blk.{layer}.{_TO_GGUF[module]}.{suffix}"
+        names = _GEMMA_TO_GGUF if arch == "gemma3" else _TO_GGUF
+        return f"blk.{layer}.{names[module]}.{suffix}"
     return {"model.embed_tokens.weight": "token_embd.weight",
             "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[name]
@@ -48,11 +55,11 @@ def to_gguf_name(name: str) -> str:
 
 def write_gguf(hf: torch.nn.Module, path: str,
                extra: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
-    """Write `hf` as a llama (or qwen2) GGUF plus `extra` raw tensors; returns the HF
-    state the file encodes (the Q8_0 and F16 tensors after their quantization round
-    trip)."""
+    """Write `hf` as a llama (or qwen2, qwen3, gemma3) GGUF plus `extra` raw tensors;
+    returns the HF state the file encodes (the Q8_0 and F16 tensors after their
+    quantization round trip)."""
     c = hf.config
-    arch = "qwen2" if c.model_type == "qwen2" else "llama"
+    arch = _ARCHS.get(c.model_type, "llama")
     w = GGUFWriter(path, arch)
     w.add_name("tiny-llama")
     w.add_block_count(c.num_hidden_layers)
@@ -62,7 +69,14 @@ def write_gguf(hf: torch.nn.Module, path: str,
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters
+    w.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if arch == "gemma3":
+        w.add_sliding_window(c.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(VOCAB)])
     w.add_bos_token_id(1)
@@ -72,7 +86,12 @@ def write_gguf(hf: torch.nn.Module, path: str,
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         arr = t.numpy().astype(np.float32)
-        if name == Q8_TENSOR:
+        gemma_norm = arch == "gemma3" and name.endswith("norm.weight")
+        if gemma_norm:
+            arr = arr + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
+        if gemma_norm:  # what the file encodes: w through + 1 and - 1 in float32
+            expected[name] = torch.from_numpy(arr - np.float32(1.0))
+        elif name == Q8_TENSOR:
             q = quantize(arr, GGMLQuantizationType.Q8_0)
             expected[name] = torch.from_numpy(dequantize(q, GGMLQuantizationType.Q8_0).copy())
         elif name == F16_TENSOR:
@@ -85,12 +104,12 @@ def write_gguf(hf: torch.nn.Module, path: str,
         elif arch == "llama" and ".k_proj." in name:
             arr = llama_cpp_permute(arr, c.num_key_value_heads)
         if name == Q8_TENSOR:
-            w.add_tensor(to_gguf_name(name), quantize(arr, GGMLQuantizationType.Q8_0),
+            w.add_tensor(to_gguf_name(name, arch), quantize(arr, GGMLQuantizationType.Q8_0),
                          raw_dtype=GGMLQuantizationType.Q8_0)
         elif name == F16_TENSOR:
-            w.add_tensor(to_gguf_name(name), arr.astype(np.float16))
+            w.add_tensor(to_gguf_name(name, arch), arr.astype(np.float16))
         else:
-            w.add_tensor(to_gguf_name(name), arr)
+            w.add_tensor(to_gguf_name(name, arch), arr)
     for name, arr in (extra or {}).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
@@ -100,14 +119,35 @@ def write_gguf(hf: torch.nn.Module, path: str,
     return expected
 
 
-@pytest.fixture(scope="module", params=["llama_untied", "llama_tied", "qwen2_bias"])
+_FAMILY_KW = {
+    # Qwen3: q/k norm, head_dim 16 given explicitly; not permuted by the converter.
+    "qwen3": (transformers.Qwen3Config, {"head_dim": 16}),
+    # Gemma 3: (1 + w) norms stored as 1 + w, a local (window 8) and a global layer,
+    # query_pre_attn_scalar = head_dim (what llama.cpp assumes), tied head.
+    "gemma3": (transformers.Gemma3TextConfig, {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "sliding_attention": {"rope_type": "default",
+                                                  "rope_theta": 10000.0}}}),
+}
+
+
+@pytest.fixture(scope="module",
+                params=["llama_untied", "llama_tied", "qwen2_bias", "qwen3", "gemma3"])
 def checkpoint(request, tmp_path_factory):
     qwen2 = request.param == "qwen2_bias"
-    config_cls = transformers.Qwen2Config if qwen2 else transformers.LlamaConfig
-    cfg = config_cls(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=request.param == "llama_tied")
+    config_cls, extra = _FAMILY_KW.get(
+        request.param, (transformers.Qwen2Config if qwen2 else transformers.LlamaConfig, {}))
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+              max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+              tie_word_embeddings=request.param == "llama_tied", bos_token_id=1,
+              eos_token_id=2)
+    kw.update(extra)
+    if "rope_parameters" in kw:
+        kw.pop("rope_theta")
+    cfg = config_cls(**kw)
     hf = transformers.AutoModelForCausalLM.from_config(cfg)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -142,7 +182,8 @@ def test_config_from_metadata(checkpoint):
     hf, path, _ = checkpoint
     c = ModelConfig.from_gguf_metadata(open_gguf(path))
     is_qwen2 = hf.config.model_type == "qwen2"
-    arch = "Qwen2ForCausalLM" if is_qwen2 else "LlamaForCausalLM"
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "gemma3_text": "Gemma3ForCausalLM"}.get(hf.config.model_type, "LlamaForCausalLM")
     assert (c.architecture, c.vocab_size, c.hidden_size, c.num_layers) == (arch, VOCAB, 64, 2)
     assert (c.num_heads, c.num_kv_heads, c.head_dim) == (HEADS, KV_HEADS, 16)
     assert c.intermediate_size == 128
@@ -151,6 +192,9 @@ def test_config_from_metadata(checkpoint):
     assert c.tie_word_embeddings == hf.config.tie_word_embeddings
     assert (c.bos_token_id, c.eos_token_ids) == (1, [2])
     assert c.attention_bias == is_qwen2 and not c.attention_out_bias and c.rope_scaling is None
+    assert c.qk_norm == (hf.config.model_type in ("qwen3", "gemma3_text"))
+    if hf.config.model_type == "gemma3_text":
+        assert c.sliding_layers == (True, False) and c.sliding_window == 8
 
 
 def test_weights_equal_hf(checkpoint):

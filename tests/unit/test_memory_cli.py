@@ -100,3 +100,72 @@ def test_default_gguf_int4_estimate_equals_the_loaded_model(capsys):
     _, none = run_json(capsys, "--device", "cpu", "--device-memory", "4GiB",
                        "--dtype", "bfloat16", "--quantization", "none")
     assert "int4 groupwise" not in none["weight_formats"]
+
+
+@pytest.mark.parametrize("name, params_b, tol_b", [
+    ("qwen3-8b", 8.19, 0.01), ("qwen3-30b-a3b", 30.53, 0.01), ("mixtral-8x7b", 46.70, 0.01),
+    ("gemma-3-270m", 0.268, 0.001)])
+def test_new_families_plan_from_config_only(capsys, name, params_b, tol_b):
+    """Published parameter counts, expert weights included (MoE: all experts are held)."""
+    code, plan = run_json(capsys, "--model", os.path.join(FIXTURES, name),
+                          "--device-memory", "141GiB")
+    assert code == 0 and plan["weights"]["source"] == "config"
+    assert abs(plan["weights"]["num_params"] / 1e9 - params_b) < tol_b
+    assert plan["kv_tokens"] > 0
+
+
+def test_mixtral_needs_two_80gb_gpus(capsys):
+    model = os.path.join(FIXTURES, "mixtral-8x7b")
+    code, plan = run_json(capsys, "--model", model, "--device-memory", "80GiB")
+    assert code == 1 and plan["problems"][0]["pool"] == "weights"
+    code, plan = run_json(capsys, "--model", model, "--device-memory", "80GiB", "--tp-size", "2")
+    assert code == 0 and plan["kv_tokens"] > 0
+
+
+def _tiny_family_checkpoints(base) -> dict[str, str]:
+    import torch
+    import transformers
+
+    common = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    configs = {
+        "qwen3": transformers.Qwen3Config(**common, head_dim=16),
+        "gemma3": transformers.Gemma3TextConfig(**common, head_dim=8, sliding_window=4,
+                                                layer_types=["sliding_attention",
+                                                             "full_attention"]),
+        "qwen3_moe": transformers.Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                 moe_intermediate_size=16, mlp_only_layers=[1]),
+        "mixtral": transformers.MixtralConfig(**common, num_local_experts=4,
+                                              num_experts_per_tok=2),
+    }
+    paths = {}
+    for name, cfg in configs.items():
+        path = os.path.join(str(base), name)
+        transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+        paths[name] = path
+    return paths
+
+
+def test_new_family_estimates_equal_the_loaded_models(tmp_path):
+    """From the safetensors headers and from config.json alone: the bytes the loaded
+    model holds (two RoPE caches for Gemma 3, every expert and router for MoE)."""
+    import torch
+
+    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.models.linear.method import onednn_prepack_available
+    from radixlm.models.loader import load_model
+
+    for name, path in _tiny_family_checkpoints(tmp_path).items():
+        cfg = load_model_config(path)
+        shapes, source, _ = checkpoint_shapes(path, cfg)
+        # A tied head is prepacked (its own copy of the embedding) where oneDNN is there.
+        packed = onednn_prepack_available(torch.float32, torch.device("cpu"))
+        est = estimate_weights(shapes, cfg, 4, prepacked_head=packed)
+        assert est.total_bytes == estimate_weights(config_tensor_shapes(cfg), cfg, 4,
+                                                   prepacked_head=packed).total_bytes, name
+        model, _ = load_model(path, torch.float32, "cpu")
+        assert module_bytes(model) == est.total_bytes, name
+        # TP=2 halves every projection, experts included (the router is replicated).
+        tp2 = estimate_weights(shapes, cfg, 4, tp=2, prepacked_head=packed)
+        router = sum(4 * s[0] * s[1] for n, s in shapes.items() if n.endswith(("mlp.gate.weight", "moe.gate.weight")))
+        assert 2 * (tp2.linear_bytes - router) == est.linear_bytes - router, name
