@@ -61,6 +61,8 @@ class SamplingParams:
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         need(0.0 < self.repetition_penalty <= 2.0,
              f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+             f"seed must be in [0, 2**63), got {self.seed}")
         need(0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")

@@ -97,6 +97,7 @@ def launch_server(args: ServerArgs) -> None:
 
     setup_helper_threads()  # the API process runs torch single-threaded
     from radixlm.models import resolve_model_path
+    from radixlm.server.admission import AdmissionControl
     from radixlm.server.app import create_app
     from radixlm.server.tokenizer_manager import TokenizerManager
     from radixlm.tokenizer.loader import load_tokenizer
@@ -117,6 +118,8 @@ def launch_server(args: ServerArgs) -> None:
         tm = TokenizerManager(args, tokenizer, endpoints, ready.context_len, ready.vocab_size)
         tm.memory_plan = ready.memory_plan
         tm.max_running_requests = ready.max_running_requests
+        tm.admission = AdmissionControl.from_limits(ready.max_running_requests,
+                                                    args.max_queued_requests)
         tm.cuda_graph_batch_sizes = ready.cuda_graph_batch_sizes
         tm.dtype = {"requested": args.dtype, "resolved": ready.dtype, "reason": ready.dtype_reason}
         tm.scheduler_threads = ready.num_threads
