@@ -45,7 +45,11 @@ def running_server(model: str, *flags: str, startup_s: float = 180) -> Iterator[
     try:
         wait_healthy(proc, server.url, startup_s, server.log_tail)
         started = server.children()
-        yield server
+        try:
+            yield server
+        except BaseException:
+            print(f"--- server log tail ---\n{server.log_tail(20000)}")  # shown by pytest
+            raise
     finally:
         if proc.poll() is None:
             started |= server.children()

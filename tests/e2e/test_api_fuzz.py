@@ -29,6 +29,7 @@ def test_fuzzed_api_never_5xx_and_leaks_nothing(tiny_llama_dir: str) -> None:
         assert not report.failures, "\n".join(report.failures[:20])
         assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
         r = httpx.post(srv.url + "/v1/completions", timeout=60,
-                       json={"prompt": "w5 w6", "max_tokens": 4, "temperature": 0})
+                       json={"prompt": "w5 w6", "max_tokens": 4, "temperature": 0,
+                             "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert_pool_free(srv.url)
