@@ -99,6 +99,7 @@ def launch_server(args: ServerArgs) -> None:
     from radixlm.models import resolve_model_path
     from radixlm.server.admission import AdmissionControl
     from radixlm.server.app import create_app
+    from radixlm.server.drain import DrainingServer
     from radixlm.server.tokenizer_manager import TokenizerManager
     from radixlm.tokenizer.loader import load_tokenizer
 
@@ -134,13 +135,15 @@ def launch_server(args: ServerArgs) -> None:
         threading.Thread(target=_watch_children, args=(procs, on_death), daemon=True).start()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_keep_alive=30)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, tm, args.shutdown_timeout)  # SIGTERM: drain, exit 0
 
         async def serve() -> None:
             await tm.start()
             await server.serve()
 
         asyncio.run(serve())
+        if not tm.healthy:
+            raise LaunchError("a child process died while serving (see the log above)")
     finally:
         stop_children(procs)
         endpoints.cleanup()
