@@ -63,6 +63,9 @@ class Req:
     # `inflight` is 0: a launched forward may still read them.
     inflight: int = 0
     pending_samples: int = 0
+    # First position whose K/V a failed (out of memory) forward left garbage; never cached
+    # (scheduler/request_oom.py).
+    kv_poisoned_from: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:
