@@ -11,6 +11,7 @@ from radixlm.bench.cli_args import add_ablation_arg, add_dataset_args
 from radixlm.bench.datasets import DatasetArgs
 from radixlm.bench.engine_args import parse_ablation, parse_engine_arg  # noqa: F401
 from radixlm.bench.report import load_warning
+from radixlm.bench.sglang_flags import BACKENDS, add_host_port_args
 from radixlm.config import ServerArgs
 
 _DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
@@ -100,20 +101,33 @@ def _overlap(ns: argparse.Namespace) -> None:
     print(overlap_table(run_overlap_bench(cfg)))
 
 
-def _serve(ns: argparse.Namespace) -> None:
+def serve_config_from(ns: argparse.Namespace):
+    """The ServeBenchConfig of parsed `bench serve` flags (ours or bench_serving's)."""
     from radixlm.bench.cli_args import dataset_args_from
-    from radixlm.bench.serve import ServeBenchConfig, run_serve_bench, serve_table
-    from radixlm.bench.server_proc import ServerStartError
+    from radixlm.bench.serve import ServeBenchConfig
+    from radixlm.bench.sglang_flags import base_url_from, normalize_backend
 
-    cfg = ServeBenchConfig(
+    return ServeBenchConfig(
         dataset=dataset_args_from(ns), request_rate=ns.request_rate,
         max_concurrency=tuple(ns.max_concurrency), num_warmup=ns.warmup_requests,
-        repeat=ns.repeat, base_url=ns.base_url, backend=ns.backend, api_key=ns.api_key,
+        repeat=ns.repeat, base_url=base_url_from(ns), backend=normalize_backend(ns.backend),
+        api_key=ns.api_key,
         model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
         ablations=tuple(ns.ablation), llama_server=ns.llama_server,
         transformers_baseline=ns.transformers_baseline,
         output_file=ns.output_file, output_details=ns.output_details,
         show_progress=not ns.disable_tqdm)
+
+
+def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.bench.serve import run_serve_bench, serve_table
+    from radixlm.bench.server_proc import ServerStartError
+
+    try:
+        cfg = serve_config_from(ns)
+    except ValueError as e:
+        print(f"radixlm bench serve: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         records = run_serve_bench(cfg)
     except (ServerStartError, FileNotFoundError, ValueError) as e:
@@ -239,9 +253,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     _common(sv, threads=False)
     sv.add_argument("--base-url", default=None,
                     help="A running server, e.g. http://127.0.0.1:30000 (default: start them).")
-    sv.add_argument("--backend", default="openai", choices=["openai", "radixlm"],
-                    help="radixlm: also flush the server's cache before each run and read its "
+    sv.add_argument("--backend", default="openai", choices=list(BACKENDS),
+                    help="openai, or any OpenAI-compatible backend name of SGLang's "
+                    "bench_serving (sglang, vllm, ...: the same /v1/completions load); "
+                    "radixlm: also flush the server's cache before each run and read its "
                     "/server_info (servers this command starts always use it).")
+    add_host_port_args(sv)
     sv.add_argument("--api-key", default=None)
     sv.add_argument("--tokenizer", default=None, help="Tokenizer for prompt lengths "
                     "(default: the model's).")
