@@ -4,6 +4,7 @@ wiring only; the work is elsewhere."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -141,6 +142,32 @@ def _serve(ns: argparse.Namespace) -> None:
 
         for path in plot_serve(records, ns.plot):
             print(f"wrote {path}")
+
+
+def _soak(ns: argparse.Namespace) -> None:
+    from contextlib import nullcontext
+
+    from radixlm.bench.server_proc import LaunchedServer, radixlm_spec
+    from radixlm.bench.soak import SoakConfig, plot_soak, run_soak
+
+    launched = (nullcontext() if ns.base_url else
+                LaunchedServer(radixlm_spec("radixlm", ns.model, dict(ns.engine_arg))))
+    with launched as server:
+        base_url = ns.base_url or server.spec.base_url
+        pid = ns.server_pid if ns.base_url else server.proc.pid
+        cfg = SoakConfig(base_url=base_url.rstrip("/"), minutes=ns.minutes,
+                         concurrency=ns.concurrency, window_s=ns.window_s,
+                         idle_every_s=ns.idle_every_s, max_tokens=ns.max_tokens, seed=ns.seed,
+                         server_pid=pid)
+        result = run_soak(cfg)
+    print(json.dumps({"totals": result.totals, "failures": result.failures}, indent=1))
+    if ns.output_file:
+        with open(ns.output_file, "a") as f:
+            f.write(result.to_json() + "\n")
+    if ns.plot:
+        print(f"wrote {plot_soak(result, ns.plot)}")
+    if result.failures:
+        sys.exit(1)
 
 
 def _one_batch(ns: argparse.Namespace) -> None:
@@ -286,6 +313,25 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_engine_arg(sv)
     add_ablation_arg(sv)
     sv.set_defaults(func=_serve)
+
+    sk = sub.add_parser("soak", help="A long mixed workload (streams, unary, cancellations, "
+                        "bad requests, deadlines; shared prefixes): RSS, idle KV slots, errors "
+                        "and p99 latency over time (radixlm/bench/soak.py).")
+    _common(sk, threads=False)
+    sk.add_argument("--minutes", type=float, default=30.0)
+    sk.add_argument("--base-url", default=None, help="A running server (default: start "
+                    "radixlm with --model and --engine-arg).")
+    sk.add_argument("--server-pid", type=int, default=None,
+                    help="With --base-url: the server's pid, for RSS (default: no RSS).")
+    sk.add_argument("--concurrency", type=int, default=8)
+    sk.add_argument("--window-s", type=float, default=15.0, help="Summary period.")
+    sk.add_argument("--idle-every-s", type=float, default=60.0,
+                    help="Period of the idle checks (clients pause, pool read).")
+    sk.add_argument("--max-tokens", type=int, default=48)
+    sk.add_argument("--seed", type=int, default=0)
+    sk.add_argument("--plot", default=None, metavar="PNG")
+    _add_engine_arg(sk)
+    sk.set_defaults(func=_soak)
 
     ob = sub.add_parser("one-batch", help="Prefill latency and decode step time of a static "
                         "batch; achieved bandwidth and share of the measured roofline.")
