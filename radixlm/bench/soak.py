@@ -265,12 +265,13 @@ async def run_soak_async(cfg: SoakConfig, log=print) -> SoakResult:
                     f"requests, {check.free_kv_slots} free + {check.held_by_cache} cached of "
                     f"{check.total_kv_slots}")
                 next_idle = time.monotonic() + cfg.idle_every_s
+                now = time.monotonic()
             if now >= next_window:
                 w = run.close_window(now - start)
                 result.windows.append(w)
                 log(f"[{w.t_s:6.0f} s] p99 {w.p99_s or 0:.2f} s, rss "
                     f"{sum(w.rss_mib.values()):.0f} MiB, {w.outcomes}")
-                next_window += cfg.window_s
+                next_window = max(next_window + cfg.window_s, now + 1.0)
         await asyncio.gather(*clients)
         result.windows.append(run.close_window(time.monotonic() - start))
         result.idle_checks.append(await run.idle_check(http, time.monotonic() - start))

@@ -16,6 +16,35 @@ from pydantic import BaseModel
 
 _REF = "#/components/schemas/{model}"
 
+# The value ranges `SamplingParams.validate` enforces (it stays the one authority; the
+# schema only publishes them, and tests/unit/test_openapi_bodies.py checks both agree at
+# every bound), so clients and fuzzers know them. JSON Schema keywords per field name;
+# they apply wherever the field appears (top level or native `sampling_params`).
+SAMPLING_RANGES: dict[str, dict[str, float]] = {
+    "temperature": {"minimum": 0},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1},
+    "min_p": {"minimum": 0, "maximum": 1},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
+    "seed": {"minimum": 0, "maximum": 2**63 - 1},
+    "max_tokens": {"minimum": 0},
+    "max_completion_tokens": {"minimum": 0},
+    "max_new_tokens": {"minimum": 0},
+}
+
+
+def _with_ranges(props: dict[str, Any]) -> None:
+    """Add SAMPLING_RANGES to the numeric branch of each field's (nullable) schema."""
+    for name, bounds in SAMPLING_RANGES.items():
+        field = props.get(name)
+        if field is None:
+            continue
+        for branch in field.get("anyOf", [field]):
+            if branch.get("type") in ("integer", "number"):
+                branch.update(bounds)
+
 
 def install_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
     """`bodies`: POST path -> the model its handler parses."""
@@ -28,7 +57,10 @@ def install_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> 
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for path, model in bodies.items():
             js = model.model_json_schema(ref_template=_REF)
-            components.update(js.pop("$defs", {}))
+            defs = js.pop("$defs", {})
+            for d in (js, *defs.values()):
+                _with_ranges(d.get("properties", {}))
+            components.update(defs)
             components[model.__name__] = js
             op = schema["paths"][path]["post"]
             op["requestBody"] = {"required": True, "content": {"application/json": {
