@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# Temperatures below this sample greedily (see SamplingParams.is_greedy).
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -40,7 +44,10 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # A temperature this small is greedy in effect, and dividing the logits by it would
+        # overflow float32 (1e-300 rounds to 0; softmax then yields NaN, found by the API
+        # fuzzer), so it is treated as 0, as SGLang and vLLM do.
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first invalid field."""
