@@ -73,6 +73,9 @@ def fuzz(base_url: str, max_examples: int, *, headers: dict[str, str] | None = N
          report: FuzzReport | None = None) -> FuzzReport:
     report = report or FuzzReport()
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
+    # Read every stream to its end (schemathesis cuts SSE bodies after a few events by
+    # default), so the [DONE] rule can be checked.
+    schema.config.max_stream_events = 1_000_000
     for result in schema.get_all_operations():
         op = result.ok()
         for mode in modes:
