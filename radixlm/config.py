@@ -138,6 +138,16 @@ class ServerArgs:
     dist_init_addr: str | None = _opt(
         None, "HOST:PORT of node 0 for torch.distributed's TCP rendezvous. Default: a free "
         "127.0.0.1 port (one host only).")
+    max_queued_requests: int | None = _opt(
+        None, "Requests that may wait beyond the running limit; one more is answered 429 "
+        "with Retry-After (radixlm/server/admission.py). Default: 4 x --max-running-requests.")
+    request_timeout: float | None = _opt(
+        None, "Deadline in seconds of every request that gives no `timeout` of its own: past "
+        "it the request is aborted wherever it is (waiting, prefill, decoding) and its KV "
+        "freed. Default: none.")
+    shutdown_timeout: float = _opt(
+        30.0, "On SIGTERM: stop admitting (503), let running requests finish for up to this "
+        "many seconds, then abort the rest with an error and exit.")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def replace(self, **changes: Any) -> "ServerArgs":

@@ -108,6 +108,9 @@ class ReqTokenOut:
     # Characters to hold back while streaming so a stop string is never half-sent.
     stop_hold_chars: int = 0
     error: str | None = None
+    # The HTTP status the error maps to (None: 500), e.g. 507 for a lone request whose
+    # forward ran out of memory.
+    error_status: int | None = None
 
 
 @dataclass(slots=True)
@@ -130,6 +133,7 @@ class ReqStrOut:
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
+    error_status: int | None = None  # as ReqTokenOut.error_status
 
 
 @dataclass(slots=True)

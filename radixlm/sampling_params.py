@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# Temperatures below this sample greedily (see SamplingParams.is_greedy).
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -40,7 +44,10 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # A temperature this small is greedy in effect, and dividing the logits by it would
+        # overflow float32 (1e-300 rounds to 0; softmax then yields NaN, found by the API
+        # fuzzer), so it is treated as 0, as SGLang and vLLM do.
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first invalid field."""
@@ -61,6 +68,8 @@ class SamplingParams:
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         need(0.0 < self.repetition_penalty <= 2.0,
              f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+             f"seed must be in [0, 2**63), got {self.seed}")
         need(0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")

@@ -4,6 +4,7 @@ wiring only; the work is elsewhere."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -11,6 +12,7 @@ from radixlm.bench.cli_args import add_ablation_arg, add_dataset_args
 from radixlm.bench.datasets import DatasetArgs
 from radixlm.bench.engine_args import parse_ablation, parse_engine_arg  # noqa: F401
 from radixlm.bench.report import load_warning
+from radixlm.bench.sglang_flags import BACKENDS, add_host_port_args
 from radixlm.config import ServerArgs
 
 _DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
@@ -100,20 +102,33 @@ def _overlap(ns: argparse.Namespace) -> None:
     print(overlap_table(run_overlap_bench(cfg)))
 
 
-def _serve(ns: argparse.Namespace) -> None:
+def serve_config_from(ns: argparse.Namespace):
+    """The ServeBenchConfig of parsed `bench serve` flags (ours or bench_serving's)."""
     from radixlm.bench.cli_args import dataset_args_from
-    from radixlm.bench.serve import ServeBenchConfig, run_serve_bench, serve_table
-    from radixlm.bench.server_proc import ServerStartError
+    from radixlm.bench.serve import ServeBenchConfig
+    from radixlm.bench.sglang_flags import base_url_from, normalize_backend
 
-    cfg = ServeBenchConfig(
+    return ServeBenchConfig(
         dataset=dataset_args_from(ns), request_rate=ns.request_rate,
         max_concurrency=tuple(ns.max_concurrency), num_warmup=ns.warmup_requests,
-        repeat=ns.repeat, base_url=ns.base_url, backend=ns.backend, api_key=ns.api_key,
+        repeat=ns.repeat, base_url=base_url_from(ns), backend=normalize_backend(ns.backend),
+        api_key=ns.api_key,
         model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
         ablations=tuple(ns.ablation), llama_server=ns.llama_server,
         transformers_baseline=ns.transformers_baseline,
         output_file=ns.output_file, output_details=ns.output_details,
         show_progress=not ns.disable_tqdm)
+
+
+def _serve(ns: argparse.Namespace) -> None:
+    from radixlm.bench.serve import run_serve_bench, serve_table
+    from radixlm.bench.server_proc import ServerStartError
+
+    try:
+        cfg = serve_config_from(ns)
+    except ValueError as e:
+        print(f"radixlm bench serve: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         records = run_serve_bench(cfg)
     except (ServerStartError, FileNotFoundError, ValueError) as e:
@@ -127,6 +142,32 @@ def _serve(ns: argparse.Namespace) -> None:
 
         for path in plot_serve(records, ns.plot):
             print(f"wrote {path}")
+
+
+def _soak(ns: argparse.Namespace) -> None:
+    from contextlib import nullcontext
+
+    from radixlm.bench.server_proc import LaunchedServer, radixlm_spec
+    from radixlm.bench.soak import SoakConfig, plot_soak, run_soak
+
+    launched = (nullcontext() if ns.base_url else
+                LaunchedServer(radixlm_spec("radixlm", ns.model, dict(ns.engine_arg))))
+    with launched as server:
+        base_url = ns.base_url or server.spec.base_url
+        pid = ns.server_pid if ns.base_url else server.proc.pid
+        cfg = SoakConfig(base_url=base_url.rstrip("/"), minutes=ns.minutes,
+                         concurrency=ns.concurrency, window_s=ns.window_s,
+                         idle_every_s=ns.idle_every_s, max_tokens=ns.max_tokens, seed=ns.seed,
+                         server_pid=pid)
+        result = run_soak(cfg)
+    print(json.dumps({"totals": result.totals, "failures": result.failures}, indent=1))
+    if ns.output_file:
+        with open(ns.output_file, "a") as f:
+            f.write(result.to_json() + "\n")
+    if ns.plot:
+        print(f"wrote {plot_soak(result, ns.plot)}")
+    if result.failures:
+        sys.exit(1)
 
 
 def _one_batch(ns: argparse.Namespace) -> None:
@@ -239,9 +280,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     _common(sv, threads=False)
     sv.add_argument("--base-url", default=None,
                     help="A running server, e.g. http://127.0.0.1:30000 (default: start them).")
-    sv.add_argument("--backend", default="openai", choices=["openai", "radixlm"],
-                    help="radixlm: also flush the server's cache before each run and read its "
+    sv.add_argument("--backend", default="openai", choices=list(BACKENDS),
+                    help="openai, or any OpenAI-compatible backend name of SGLang's "
+                    "bench_serving (sglang, vllm, ...: the same /v1/completions load); "
+                    "radixlm: also flush the server's cache before each run and read its "
                     "/server_info (servers this command starts always use it).")
+    add_host_port_args(sv)
     sv.add_argument("--api-key", default=None)
     sv.add_argument("--tokenizer", default=None, help="Tokenizer for prompt lengths "
                     "(default: the model's).")
@@ -269,6 +313,25 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_engine_arg(sv)
     add_ablation_arg(sv)
     sv.set_defaults(func=_serve)
+
+    sk = sub.add_parser("soak", help="A long mixed workload (streams, unary, cancellations, "
+                        "bad requests, deadlines; shared prefixes): RSS, idle KV slots, errors "
+                        "and p99 latency over time (radixlm/bench/soak.py).")
+    _common(sk, threads=False)
+    sk.add_argument("--minutes", type=float, default=30.0)
+    sk.add_argument("--base-url", default=None, help="A running server (default: start "
+                    "radixlm with --model and --engine-arg).")
+    sk.add_argument("--server-pid", type=int, default=None,
+                    help="With --base-url: the server's pid, for RSS (default: no RSS).")
+    sk.add_argument("--concurrency", type=int, default=8)
+    sk.add_argument("--window-s", type=float, default=15.0, help="Summary period.")
+    sk.add_argument("--idle-every-s", type=float, default=60.0,
+                    help="Period of the idle checks (clients pause, pool read).")
+    sk.add_argument("--max-tokens", type=int, default=48)
+    sk.add_argument("--seed", type=int, default=0)
+    sk.add_argument("--plot", default=None, metavar="PNG")
+    _add_engine_arg(sk)
+    sk.set_defaults(func=_soak)
 
     ob = sub.add_parser("one-batch", help="Prefill latency and decode step time of a static "
                         "batch; achieved bandwidth and share of the measured roofline.")

@@ -6,13 +6,16 @@ import argparse
 
 from radixlm.bench.datasets import DATASETS, DatasetArgs
 from radixlm.bench.engine_args import parse_ablation
+from radixlm.bench.sglang_flags import DATASET_ALIASES, normalize_dataset
 
 
 def add_dataset_args(p: argparse.ArgumentParser, default: str = "random",
                      choices: tuple[str, ...] = DATASETS) -> None:
     d = DatasetArgs()
     g = p.add_argument_group("dataset")
-    g.add_argument("--dataset", default=default, choices=choices)
+    # --dataset-name: SGLang bench_serving's name for it (bench/sglang_flags.py).
+    g.add_argument("--dataset", "--dataset-name", dest="dataset", default=default,
+                   choices=(*choices, *DATASET_ALIASES))
     g.add_argument("--num-prompts", type=int, default=d.num_prompts,
                    help="random / sharegpt: number of requests.")
     g.add_argument("--random-input-len", type=int, default=d.random_input_len)
@@ -36,7 +39,7 @@ def add_dataset_args(p: argparse.ArgumentParser, default: str = "random",
 
 def dataset_args_from(ns: argparse.Namespace) -> DatasetArgs:
     return DatasetArgs(
-        name=ns.dataset, num_prompts=ns.num_prompts, random_input_len=ns.random_input_len,
+        name=normalize_dataset(ns.dataset), num_prompts=ns.num_prompts, random_input_len=ns.random_input_len,
         random_output_len=ns.random_output_len, random_range_ratio=ns.random_range_ratio,
         gsp_num_groups=ns.gsp_num_groups, gsp_prompts_per_group=ns.gsp_prompts_per_group,
         gsp_system_prompt_len=ns.gsp_system_prompt_len, gsp_question_len=ns.gsp_question_len,

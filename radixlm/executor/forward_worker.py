@@ -148,10 +148,14 @@ class ForwardWorker:
             if fb.future_token_idx is not None:
                 # Inputs whose tokens were still being sampled when this batch was built.
                 fb.input_ids[fb.future_token_idx] = self.relay[fb.future_token_rows]
-            logits = self._forward(fb)
+            logits, failed = self._forward(fb)
+            if logits is None:  # every request failed: rows to sample from, thrown away
+                logits = torch.zeros((fb.batch_size, self.runner.vocab_size),
+                                     device=fb.input_ids.device)
             reqs = task.sampling_reqs
             if not reqs:
-                return None
+                return None if not failed else SampleOutput(torch.empty(0, dtype=torch.int64),
+                                                            failed=failed)
             if task.keep is not None:
                 logits = logits[task.keep]
             info = task.sampling_info
@@ -164,30 +168,42 @@ class ForwardWorker:
             _count_penalty_tokens(reqs, out.next_token_ids)
             lp = out.logprob_tensors
             return SampleOutput(self.streams.to_host(out.next_token_ids),
-                                None if lp is None else lp.map_tensors(self.streams.to_host))
+                                None if lp is None else lp.map_tensors(self.streams.to_host),
+                                failed or None)
 
-    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """The batch's logits. Out of memory (a CUDA OOM, a failed host allocation): run it
-        again as two halves by requests (`forward_split.py`), recursively; a single request
-        that does not fit re-raises. Each split is logged with the diagnosis."""
+    def _forward(self, fb: ForwardBatch) -> tuple[torch.Tensor | None, dict[int, str]]:
+        """The batch's logits, and the requests that failed. Out of memory (a CUDA OOM, a
+        failed host allocation): run it again as two halves by requests
+        (`forward_split.py`), recursively; a single request that does not fit even alone
+        fails with the diagnosis (index in `fb` -> message) and its logits row is zeros, so
+        the rest of the batch goes on. Logits are None when every request failed. Each split
+        and failure is logged with the diagnosis."""
         try:
-            return self.runner.forward(fb)
+            return self.runner.forward(fb), {}
         except Exception as e:
-            if fb.batch_size < 2 or not is_out_of_memory(e):
+            if not is_out_of_memory(e):
                 raise
             error = e  # leave the except block: its traceback pins the failed activations
         if fb.input_ids.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.timer.oom_splits += 1
         plan = getattr(self.runner, "plan", None)
-        if plan is not None:
-            logger.warning("%s Retrying the batch in two halves.",
-                           diagnose_oom(plan, batch_shape(fb), error).message())
-        else:
-            logger.warning("out of memory in a forward of %d requests (%s); retrying the "
-                           "batch in two halves", fb.batch_size, error)
+        diagnosis = (diagnose_oom(plan, batch_shape(fb), error).message() if plan is not None
+                     else f"Out of memory in a forward of {fb.batch_size} requests ({error}).")
+        if fb.batch_size < 2:
+            self.timer.oom_failures += 1
+            logger.error("%s This request fails alone; the others go on.", diagnosis)
+            return None, {0: diagnosis}
+        self.timer.oom_splits += 1
+        logger.warning("%s Retrying the batch in two halves.", diagnosis)
         first, second = halves(fb)
-        return torch.cat([self._forward(first), self._forward(second)])
+        (l1, f1), (l2, f2) = self._forward(first), self._forward(second)
+        failed = {**f1, **{i + first.batch_size: m for i, m in f2.items()}}
+        if l1 is None and l2 is None:
+            return None, failed
+        ref = l1 if l1 is not None else l2
+        parts = [l if l is not None else ref.new_zeros((piece.batch_size, ref.shape[1]))
+                 for l, piece in ((l1, first), (l2, second))]
+        return torch.cat(parts), failed
 
 
 def batch_shape(fb: ForwardBatch) -> BatchShape:

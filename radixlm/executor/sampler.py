@@ -155,6 +155,10 @@ class SampleOutput:
     next_token_ids: torch.Tensor
     # None when no row asked for logprobs; copied to the host like next_token_ids.
     logprob_tensors: LogprobTensors | None = None
+    # Requests of the batch (index in ForwardBatch order -> the OOM diagnosis) whose
+    # forward ran out of memory even alone; their rows of next_token_ids are meaningless
+    # (forward_worker.py `_forward`; the scheduler fails them: request_oom.py).
+    failed: dict[int, str] | None = None
 
     def token_logprobs(self) -> list[TokenLogprob | None]:
         """Per row: its TokenLogprob, or None where it did not ask (host reads)."""

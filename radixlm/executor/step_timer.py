@@ -43,6 +43,7 @@ class StepTimer:
     bubble_s: float = 0.0  # device idle between two forwards while work was pending
     schedule_s: float = 0.0  # scheduler thread CPU work per step (not waiting on results)
     oom_splits: int = 0  # forwards re-run in halves after running out of memory
+    oom_failures: int = 0  # requests failed: their forward ran out of memory even alone
     last_end: float | None = None  # host clock: when the last forward ended
     # Device clock: the end event of the last task read, and whether mark_idle was called
     # since the last launch (True before the first one: nothing precedes it).
@@ -105,4 +106,5 @@ class StepTimer:
     def as_dict(self) -> dict[str, float]:
         return {"forwards": self.forwards, "forward_s": self.forward_s,
                 "bubble_s": self.bubble_s, "schedule_s": self.schedule_s,
-                "bubble_share": self.bubble_share, "oom_splits": self.oom_splits}
+                "bubble_share": self.bubble_share, "oom_splits": self.oom_splits,
+                "oom_failures": self.oom_failures}

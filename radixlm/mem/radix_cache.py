@@ -354,6 +354,40 @@ class RadixCache:
             self.allocator.free(torch.cat(victims))
         return freed
 
+    def discard_from(self, key: list[int], from_len: int) -> int:
+        """Drop the cached K/V of `key` from position `from_len` on (rounded down to a
+        page): the unlocked nodes of key's path that start at or after it, deepest first,
+        while they are leaves. Used when a failed forward left those positions garbage
+        (scheduler/request_oom.py). A locked node, or one with other children, stays (and
+        so do its ancestors). Returns how many slots were freed."""
+        if self.disable:
+            return 0
+        start = from_len // self.page_size * self.page_size
+        self.match_prefix(key[:start])  # splits the node that spans `start`
+        path: list[tuple[int, TreeNode]] = []  # (start position, node) from the root down
+        node, pos = self.root, 0
+        end = self._page_align(len(key))
+        while pos < end:
+            child = node.children.get(self._child_key(key, pos))
+            if child is None or self._match_len(child.key, key, pos, end) < len(child.key):
+                break
+            path.append((pos, child))
+            pos += len(child.key)
+            node = child
+        victims: list[torch.Tensor] = []
+        for node_start, node in reversed(path):
+            if node_start < start or not node.is_leaf or node.lock_ref > 0:
+                break
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key)]
+            node.parent = None
+            self._evictable -= len(node.key)
+            victims.append(node.value)
+        if victims:
+            self.allocator.free(torch.cat(victims))
+        return sum(v.numel() for v in victims)
+
     def reset(self) -> None:
         """Free every slot the tree holds and empty it (`POST /flush_cache`).
 

@@ -40,6 +40,9 @@ class RouterMetrics:
                                      ["worker"], registry=r)
         self.stream_errors = Counter("radixlm_router_stream_errors",
                                      "Streams cut by their worker mid-way.", registry=r)
+        self.overloaded = Counter("radixlm_router_overloaded",
+                                  "429 answers of workers whose queue was full (the request "
+                                  "went to another worker when one was left).", registry=r)
 
     def set_worker(self, url: str, healthy: bool, load: int) -> None:
         self.worker_healthy.labels(url).set(1 if healthy else 0)

@@ -1,8 +1,10 @@
 """Forwarding one request to a worker: retries, streaming pass-through, load accounting.
 
 Unary requests (non-streaming, GET): a connection failure, a timeout while connecting,
-or a 5xx answer sends the request to another worker, up to `--max-retries` times; when
-every try fails the client gets the last worker's 5xx, or a 503 naming the errors.
+a 5xx answer, or a 429 (the worker's queue is full: it sheds load; it stays in rotation)
+sends the request to another worker, up to `--max-retries` times; when every try fails
+the client gets the last worker's 5xx / 429 (with its Retry-After), or a 503 naming the
+errors.
 
 Streaming requests retry the same way until the worker sends its status line. After
 that the router passes bytes through chunk by chunk; if the worker dies mid-stream the
@@ -56,9 +58,16 @@ def _takes_out(e: httpx.HTTPError) -> bool:
     return isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
 
 
+# Worker answers after which another worker may take the request: it did not run there.
+OVERLOADED = 429
+
+
 def _passthrough(resp: httpx.Response, content: bytes) -> Response:
-    return Response(content, status_code=resp.status_code,
-                    media_type=resp.headers.get("content-type", "application/json"))
+    out = Response(content, status_code=resp.status_code,
+                   media_type=resp.headers.get("content-type", "application/json"))
+    if "retry-after" in resp.headers:
+        out.headers["Retry-After"] = resp.headers["retry-after"]
+    return out
 
 
 @dataclass
@@ -94,6 +103,13 @@ class _Attempts:
         self.errors.append(f"{worker.url}: HTTP {resp.status_code}")
         self.last_5xx = _passthrough(resp, content)
 
+    def overloaded(self, worker: Worker, resp: httpx.Response, content: bytes) -> None:
+        """A 429: the worker sheds load. Not a failure (it stays healthy and in rotation);
+        the request goes to the next worker, or this answer is the last word."""
+        self.errors.append(f"{worker.url}: HTTP {resp.status_code}")
+        self.router.metrics.overloaded.inc()
+        self.last_5xx = _passthrough(resp, content)
+
     def final(self) -> Response:
         return self.last_5xx if self.last_5xx is not None else _no_worker(self.errors)
 
@@ -114,6 +130,9 @@ async def forward_unary(router: Router, request: Request, method: str, path: str
                     if (answer := attempts.connection_failed(worker, e)) is not None:
                         return answer
                     continue
+            if resp.status_code == OVERLOADED:
+                attempts.overloaded(worker, resp, resp.content)
+                continue
             if resp.status_code >= 500:
                 attempts.server_error(worker, resp, resp.content)
                 continue
@@ -152,6 +171,9 @@ async def forward_stream(router: Router, request: Request, path: str, body: byte
             finally:
                 await resp.aclose()
                 guard.release()
+            if resp.status_code == OVERLOADED:
+                attempts.overloaded(worker, resp, content)
+                continue
             if resp.status_code >= 500:
                 attempts.server_error(worker, resp, content)
                 continue

@@ -94,4 +94,5 @@ class OutputProcessor:
             skip_special_tokens=p.skip_special_tokens,
             stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,
             error=req.error,
+            error_status=req.error_status,
         )

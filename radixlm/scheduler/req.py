@@ -39,6 +39,7 @@ class Req:
     finished_reason: str | None = None  # "stop" | "length" | "abort"
     matched_stop: str | int | None = None
     error: str | None = None
+    error_status: int | None = None  # HTTP status of `error` (None: 500)
     generator: torch.Generator | None = None
     # Output ids [0, sent_len) and logprobs already handed to the detokenizer.
     sent_len: int = 0
@@ -62,6 +63,9 @@ class Req:
     # `inflight` is 0: a launched forward may still read them.
     inflight: int = 0
     pending_samples: int = 0
+    # First position whose K/V a failed (out of memory) forward left garbage; never cached
+    # (scheduler/request_oom.py).
+    kv_poisoned_from: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:
@@ -83,11 +87,13 @@ class Req:
     def remaining_new_tokens(self) -> int:
         return self.sampling_params.max_new_tokens - len(self.output_ids)
 
-    def finish(self, reason: str, matched: str | int | None = None, error: str | None = None) -> None:
+    def finish(self, reason: str, matched: str | int | None = None, error: str | None = None,
+               error_status: int | None = None) -> None:
         if self.finished_reason is None:
             self.finished_reason = reason
             self.matched_stop = matched
             self.error = error
+            self.error_status = error_status
 
     @property
     def uses_penalties(self) -> bool:

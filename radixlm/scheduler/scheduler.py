@@ -98,6 +98,7 @@ from radixlm.scheduler.oom_recovery import launch_allowed
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
+from radixlm.scheduler.request_oom import fail_oom_requests, release
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.schedule_batch import OutOfKVSlots, ScheduleBatch
 
@@ -280,7 +281,7 @@ class Scheduler:
                 if req.inflight:
                     still.append(req)
                 else:
-                    self.tree_cache.cache_finished_req(req)
+                    release(self, req)  # to the cache (minus what a failed forward wrote)
             self.finishing = still
 
     def _next_batch(self) -> ScheduleBatch | None:
@@ -460,6 +461,8 @@ class Scheduler:
         """Wait for a launched batch and process its sampled tokens (append, stop checks,
         streaming)."""
         sampled = self.worker.wait(done.handle)
+        if sampled is not None and sampled.failed:
+            fail_oom_requests(self, done.batch, sampled.failed)
         for r in done.batch.reqs:
             r.inflight -= 1
         for r in done.sampling_reqs:

@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from radixlm.config import ServerArgs
 from radixlm.process_threads import current_torch_threads
+from radixlm.server.admission import QueueFull, choice_count
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion
 from radixlm.server.completions import create_completion
@@ -35,6 +36,7 @@ from radixlm.server.errors import (APIError, GenerateError, error_response, para
 from radixlm.server.http_util import ClientDisconnected
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
+from radixlm.server.openapi_bodies import install_request_bodies
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.server.server_info import get_server_info_body
 from radixlm.server.tokenizer_manager import TokenizerManager
@@ -47,12 +49,18 @@ M = TypeVar("M", bound=BaseModel)
 _CLIENT_CLOSED = 499
 
 
-async def handle(request: Request, model: type[M],
-                 run: Callable[[M], Awaitable[Response]]) -> Response:
-    """Parse the JSON body into `model`, run the handler, map exceptions to responses."""
+async def handle(request: Request, model: type[M], run: Callable[[M], Awaitable[Response]],
+                 tm: TokenizerManager) -> Response:
+    """Parse the JSON body into `model`, admit it (admission.py: 503 draining, 429 queue
+    full), run the handler, map exceptions to responses."""
     try:
         req = model.model_validate_json(await request.body())
+        tm.admission.check(choice_count(req), tm.num_running)
         return await run(req)
+    except QueueFull as e:
+        resp = error_response(e.status, e.message, e.param)
+        resp.headers["Retry-After"] = str(e.retry_after_s)
+        return resp
     except ValidationError as e:  # before ValueError: it is one
         message, param = validation_message(e)
         return error_response(400, message, param)
@@ -61,7 +69,7 @@ async def handle(request: Request, model: type[M],
     except ValueError as e:
         return error_response(400, str(e), param_of_value_error(str(e)))
     except GenerateError as e:
-        return error_response(500, str(e))
+        return error_response(e.status, str(e))
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED)
     except Exception as e:
@@ -98,6 +106,8 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     # /health stays open without a key: the launcher and load balancers poll it.
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
+        if tm.admission.draining:
+            return error_response(503, "The server is draining before shutting down.")
         if tm.is_healthy():
             return JSONResponse({"status": "ok"})
         return error_response(503, "The engine is not healthy (a child process died).")
@@ -131,7 +141,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
                                                  tm.max_running_requests, tm.memory_plan, stats,
                                                  tm.cuda_graph_batch_sizes, tm.dtype, threads))
 
-    metrics = EngineMetrics(model_name)
+    metrics = EngineMetrics(model_name, tm.admission.metric_defs(lambda: tm.num_running))
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -156,17 +166,20 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest,
-                            lambda req: create_completion(tm, req, model_name, request))
+                            lambda req: create_completion(tm, req, model_name, request), tm)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest,
-                            lambda req: create_chat_completion(tm, req, model_name, request))
+                            lambda req: create_chat_completion(tm, req, model_name, request), tm)
 
     @api.post("/generate")
     async def generate(request: Request) -> Response:
         return await handle(request, GenerateRequest,
-                            lambda req: generate_native(tm, req, request))
+                            lambda req: generate_native(tm, req, request), tm)
 
     app.include_router(api)
+    install_request_bodies(app, {"/v1/completions": CompletionRequest,
+                                 "/v1/chat/completions": ChatCompletionRequest,
+                                 "/generate": GenerateRequest})
     return app

@@ -28,7 +28,7 @@ async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionReques
                                  add_generation_prompt=req.add_generation_prompt is not False)
     params = req.sampling_params(tm.default_max_tokens(len(ids)))
     tm.check_request(ids, params)
-    choices = plan_choices([(ids, params)], req.num_choices)
+    choices = plan_choices([(ids, params)], req.num_choices, req.timeout)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": model_name}
     if req.stream:

@@ -24,23 +24,25 @@ class Choice:
     prompt_idx: int
     input_ids: list[int]
     params: SamplingParams
+    timeout: float | None = None  # the request's deadline in seconds (None: the server's)
 
 
-def plan_choices(prompts: list[tuple[list[int], SamplingParams]], n: int) -> list[Choice]:
+def plan_choices(prompts: list[tuple[list[int], SamplingParams]], n: int,
+                 timeout: float | None = None) -> list[Choice]:
     choices = []
     for p_idx, (ids, params) in enumerate(prompts):
         for i in range(n):
             p = params
             if params.seed is not None and i > 0:
                 p = dataclasses.replace(params, seed=params.seed + i)
-            choices.append(Choice(p_idx * n + i, p_idx, ids, p))
+            choices.append(Choice(p_idx * n + i, p_idx, ids, p, timeout))
     return choices
 
 
 def start_streams(tm: TokenizerManager, choices: list[Choice],
                   stream: bool) -> list[AsyncGenerator[ReqStrOut, None]]:
     """One generate() iterator per choice. Nothing is sent until they are iterated."""
-    return [tm.generate(c.input_ids, c.params, stream) for c in choices]
+    return [tm.generate(c.input_ids, c.params, stream, c.timeout) for c in choices]
 
 
 def usage_of(choices: list[Choice], results: list[ChoiceResult]) -> dict[str, Any]:

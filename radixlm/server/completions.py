@@ -30,7 +30,7 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
         params = req.sampling_params(tm.default_max_tokens(len(ids)))
         tm.check_request(ids, params)
         planned.append((ids, params))
-    choices = plan_choices(planned, req.num_choices)
+    choices = plan_choices(planned, req.num_choices, req.timeout)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model_name}
     if req.stream:

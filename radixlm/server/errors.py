@@ -15,8 +15,11 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "timeout_error",
+    429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 
 
@@ -31,7 +34,12 @@ class APIError(Exception):
 
 
 class GenerateError(RuntimeError):
-    """The engine reported an error for a request (`ReqStrOut.error`)."""
+    """The engine reported an error for a request (`ReqStrOut.error`); `status` is the
+    HTTP status it maps to (`ReqStrOut.error_status`, default 500)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status or 500
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -74,4 +82,6 @@ def param_of_value_error(message: str) -> str | None:
 
 def stream_error_status(e: Exception) -> int:
     """The status an error met while streaming would have had (it is sent in-band)."""
+    if isinstance(e, GenerateError):
+        return e.status
     return 400 if isinstance(e, ValueError) else 500

@@ -97,7 +97,9 @@ def launch_server(args: ServerArgs) -> None:
 
     setup_helper_threads()  # the API process runs torch single-threaded
     from radixlm.models import resolve_model_path
+    from radixlm.server.admission import AdmissionControl
     from radixlm.server.app import create_app
+    from radixlm.server.drain import DrainingServer
     from radixlm.server.tokenizer_manager import TokenizerManager
     from radixlm.tokenizer.loader import load_tokenizer
 
@@ -117,6 +119,8 @@ def launch_server(args: ServerArgs) -> None:
         tm = TokenizerManager(args, tokenizer, endpoints, ready.context_len, ready.vocab_size)
         tm.memory_plan = ready.memory_plan
         tm.max_running_requests = ready.max_running_requests
+        tm.admission = AdmissionControl.from_limits(ready.max_running_requests,
+                                                    args.max_queued_requests)
         tm.cuda_graph_batch_sizes = ready.cuda_graph_batch_sizes
         tm.dtype = {"requested": args.dtype, "resolved": ready.dtype, "reason": ready.dtype_reason}
         tm.scheduler_threads = ready.num_threads
@@ -131,13 +135,15 @@ def launch_server(args: ServerArgs) -> None:
         threading.Thread(target=_watch_children, args=(procs, on_death), daemon=True).start()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_keep_alive=30)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, tm, args.shutdown_timeout)  # SIGTERM: drain, exit 0
 
         async def serve() -> None:
             await tm.start()
             await server.serve()
 
         asyncio.run(serve())
+        if not tm.healthy:
+            raise LaunchError("a child process died while serving (see the log above)")
     finally:
         stop_children(procs)
         endpoints.cleanup()

@@ -108,6 +108,10 @@ ENGINE_METRICS: list[MetricDef] = [
               _timing("bubble_share")),
     MetricDef("radixlm_oom_splits", "Forwards that ran out of memory and were re-run in "
               "two halves.", "counter", _timing("oom_splits")),
+    MetricDef("radixlm_oom_failed_requests", "Requests failed with the memory diagnosis: "
+              "their forward ran out of memory even alone.", "counter",
+              lambda s: (None if s.pool is None or s.pool.step_timing is None
+                         else float(s.pool.step_timing.get("oom_failures", 0)))),
     # --- counters -------------------------------------------------------------------------
     MetricDef("radixlm_requests", "Finished requests (any finish reason or error).", "counter",
               lambda s: float(s.requests_finished_total)),

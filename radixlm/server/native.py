@@ -36,7 +36,7 @@ async def generate_native(tm: TokenizerManager, req: GenerateRequest, request: R
         params = req.to_sampling_params(default)
         tm.check_request(ids, params)
         planned.append((ids, params))
-    choices = plan_choices(planned, 1)
+    choices = plan_choices(planned, 1, req.timeout)
     if req.stream:
         return SSEResponse(guarded_sse(_stream(tm, req, choices[0]), "generate"))
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))

@@ -14,13 +14,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixlm.sampling_params import SamplingParams
+from radixlm.server.message_checks import check_messages
 
 MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # NaN / Infinity are not JSON numbers; a float field refuses them.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -42,6 +45,9 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None
+    # Deadline in seconds (default --request-timeout): past it the request is aborted
+    # wherever it is and answered 408 (TokenizerManager.generate).
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
     # SGLang / vLLM extensions.
     top_k: int | None = None
     min_p: float | None = None
@@ -181,6 +187,7 @@ class ChatCompletionRequest(_SamplingFields):
     def _check(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using top_logprobs, logprobs must be set to true")
+        check_messages(self.messages)
         return self
 
     def _requested_max_tokens(self) -> int | None:
@@ -225,6 +232,7 @@ class GenerateRequest(_Strict):
     stream: bool | None = False
     return_logprob: bool | None = False
     top_logprobs_num: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # as _SamplingFields
 
     @model_validator(mode="after")
     def _check(self) -> "GenerateRequest":

@@ -31,6 +31,7 @@ from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import (AbortReq, BatchStrOut, FlushCacheReq, FlushCacheResult, PoolStats,
                               PoolStatsReq, ReqStrOut, TokenizedGenerateReq)
 from radixlm.sampling_params import SamplingParams
+from radixlm.server.admission import AdmissionControl
 from radixlm.server.errors import GenerateError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,11 @@ class TokenizerManager:
         self.scheduler_threads: int | None = None
         # Totals over finished requests (Prometheus counters, radixlm/server/metrics.py).
         self.requests_finished_total = 0
+        # Backpressure and the drain (radixlm/server/admission.py); the launcher rebuilds
+        # it with the scheduler's running limit from SchedulerReady.
+        self.admission = AdmissionControl.from_limits(args.max_running_requests,
+                                                      args.max_queued_requests)
+        self.requests_timed_out_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
@@ -212,12 +218,14 @@ class TokenizerManager:
     # --- generation ---------------------------------------------------------------------
 
     async def generate(self, input_ids: list[int], params: SamplingParams,
-                       stream: bool) -> AsyncIterator[ReqStrOut]:
+                       stream: bool, timeout: float | None = None) -> AsyncIterator[ReqStrOut]:
         """Send one request and yield its `ReqStrOut`s; the last has `finish_reason` set.
 
         Raises ValueError before sending anything if the request is invalid, and
         GenerateError if the engine reports an error for it. If the consumer stops early
         (break, aclose, cancellation), the request is aborted in the scheduler.
+        `timeout` (default --request-timeout): seconds from now after which the request is
+        aborted in the scheduler, wherever it is, and fails with a 408 GenerateError.
         """
         self.check_request(input_ids, params)
         params = dataclasses.replace(params)  # the scheduler side must not share our object
@@ -225,6 +233,10 @@ class TokenizerManager:
         queue: asyncio.Queue[ReqStrOut] = asyncio.Queue()
         self._streams[rid] = queue
         finished = False
+        if timeout is None:
+            timeout = self.args.request_timeout
+        timer = (asyncio.get_running_loop().call_later(timeout, self._expire, rid, timeout)
+                 if timeout is not None else None)
         try:
             self._send(TokenizedGenerateReq(rid, list(input_ids), params, stream))
             while not finished:
@@ -235,13 +247,39 @@ class TokenizerManager:
                     self.prompt_tokens_total += out.prompt_tokens
                     self.generation_tokens_total += out.completion_tokens
                 if out.error is not None:
-                    finished = True  # the engine dropped the request itself
-                    raise GenerateError(out.error)
+                    finished = True  # the engine dropped the request itself (or _fail did)
+                    raise GenerateError(out.error, out.error_status)
                 yield out
         finally:
+            if timer is not None:
+                timer.cancel()
             self._streams.pop(rid, None)
             if not finished and self._send_sock is not None:
                 self._send(AbortReq(rid))
+
+    def _fail(self, rid: str, message: str, status: int) -> None:
+        """Abort request `rid` in the scheduler (which frees its KV wherever it is) and end
+        its consumer now with an error; a late output for it is dropped."""
+        queue = self._streams.pop(rid, None)
+        if queue is None:
+            return
+        if self._send_sock is not None:
+            self._send(AbortReq(rid))
+        queue.put_nowait(ReqStrOut(rid, "", [], finish_reason="abort", error=message,
+                                   error_status=status))
+
+    def _expire(self, rid: str, timeout: float) -> None:
+        if rid in self._streams:
+            self.requests_timed_out_total += 1
+            self._fail(rid, f"The request timed out after {timeout:g} s (its `timeout`, or "
+                       "--request-timeout) and was aborted.", 408)
+
+    def abort_all(self, message: str, status: int = 503) -> int:
+        """Fail every request in flight (the end of a drain); returns how many."""
+        rids = list(self._streams)
+        for rid in rids:
+            self._fail(rid, message, status)
+        return len(rids)
 
     async def _control(self, make_req: Any, timeout: float) -> Any:
         """Send a control request built by make_req(rid) and await its reply."""

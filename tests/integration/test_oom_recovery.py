@@ -124,9 +124,16 @@ def test_forward_oom_is_retried_in_halves_with_identical_outputs(tiny_llama_dir,
     assert max(sizes) == 7 and eng.scheduler.worker.timer.oom_splits > 0
     assert eng.scheduler.pool_stats("s").step_timing["oom_splits"] > 0
     assert_all_slots_back(eng)
-    # Not an OOM, or one request alone: the error surfaces (no endless halving).
+    # One request alone that still runs out: it fails with the diagnosis, no endless
+    # halving, and the scheduler goes on (tests/integration/test_request_oom.py has more).
     runner.forward = lambda fb: (_ for _ in ()).throw(torch.OutOfMemoryError("no memory"))
+    (lone,) = run(eng, [[5, 6, 7]])
+    assert lone["meta_info"]["finish_reason"] == "abort"
+    assert "Out of memory" in lone["meta_info"]["error"]
+    assert_all_slots_back(eng)
+    # An error that is not an OOM surfaces.
+    runner.forward = lambda fb: (_ for _ in ()).throw(RuntimeError("a bug"))
     eng.submit([5, 6, 7], GREEDY)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(RuntimeError, match="a bug"):
         for _ in range(4):
             eng.step()

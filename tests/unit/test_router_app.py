@@ -19,6 +19,7 @@ from radixlm.router.router import Router
 
 A, B = "http://a:1", "http://b:1"
 DEAD, BROKEN, CUT = "http://dead:1", "http://broken:1", "http://cut:1"
+BUSY = "http://busy:1"
 PREFIX = "A long shared system prompt that every request of this group starts with. " * 3
 
 
@@ -41,6 +42,9 @@ class FakeWorkers:
             return httpx.Response(200, json={"status": "ok"})
         if host == "broken":
             return httpx.Response(500, json={"error": {"message": "boom", "code": 500}})
+        if host == "busy":  # a full queue (radixlm/server/admission.py)
+            return httpx.Response(429, headers={"retry-after": "1"},
+                                  json={"error": {"message": "overloaded", "code": 429}})
         if path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": host}]})
         body = json.loads(request.content)
@@ -122,6 +126,23 @@ def test_5xx_is_retried_then_passed_through(fake: FakeWorkers) -> None:
         r = client.post("/v1/completions", json={"prompt": "x", "stream": True})
         assert r.status_code == 500
         assert _loads(client) == {BROKEN: 0}
+
+
+def test_429_tries_another_worker_and_keeps_the_busy_one(fake: FakeWorkers) -> None:
+    for client, router in _client([BUSY, A], fake, policy="round_robin"):
+        for stream in (False, True):
+            for i in range(2):
+                r = client.post("/v1/completions", json={"prompt": f"q{i}", "stream": stream})
+                assert r.status_code == 200 and '"worker": "a"' in r.text.replace('":"', '": "')
+        assert router.registry.get(BUSY).healthy  # busy is not broken
+        tried_busy = fake.seen.count(("busy", "/v1/completions"))
+        assert tried_busy >= 1
+        assert f"radixlm_router_overloaded_total {tried_busy:.1f}" in client.get("/metrics").text
+        assert _loads(client) == {BUSY: 0, A: 0}
+    for client, _ in _client([BUSY], fake):  # nobody else: the 429 is the answer
+        for stream in (False, True):
+            r = client.post("/v1/completions", json={"prompt": "x", "stream": stream})
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
 
 
 def test_client_errors_pass_through_unretried(fake: FakeWorkers) -> None:

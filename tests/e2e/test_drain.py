@@ -1,0 +1,92 @@
+"""SIGTERM drains the server: a request in flight finishes, a new one is refused (503,
+/health 503), the process exits 0 with no child left; past --shutdown-timeout the
+request still running ends with a clear error instead."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import make_tiny_llama
+from tests.process_tree import alive
+from tests.server_harness import running_server
+
+pytestmark = pytest.mark.slow
+
+LONG = 1500  # tokens: the stream is still decoding when SIGTERM arrives
+
+
+@pytest.fixture(scope="module")
+def long_ctx_model(tmp_path_factory) -> str:
+    return make_tiny_llama(str(tmp_path_factory.mktemp("tiny_long")), max_pos=2048)
+
+
+def _stream_lines(client: httpx.Client, url: str):
+    body = {"prompt": "w3 w4", "max_tokens": LONG, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    return client.stream("POST", url + "/v1/completions", json=body, timeout=300)
+
+
+def _events(lines) -> list:
+    return [json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]"
+            for x in lines if x.startswith("data: ")]
+
+
+def _exit_code(proc: subprocess.Popen, timeout_s: float = 120) -> int:
+    return proc.wait(timeout=timeout_s)
+
+
+def _survivors(children: set[int], wait_s: float = 15.0) -> list[int]:
+    """Children still alive `wait_s` after the server exited (multiprocessing's resource
+    tracker, say, leaves a moment after its parent)."""
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in children if alive(p)]
+
+
+def test_sigterm_finishes_running_request_and_refuses_new(long_ctx_model: str) -> None:
+    with running_server(long_ctx_model, "--max-total-tokens", "8192",
+                        "--shutdown-timeout", "300") as srv:
+        children = srv.children()
+        with httpx.Client() as client, _stream_lines(client, srv.url) as resp:
+            lines = resp.iter_lines()
+            first = [next(lines) for _ in range(2)]  # decoding has started
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)  # the signal is handled on the server's loop
+            refused = httpx.post(srv.url + "/v1/completions",
+                                 json={"prompt": "w5", "max_tokens": 1}, timeout=30)
+            health = httpx.get(srv.url + "/health", timeout=30)
+            rest = list(lines)
+        events = _events(first + rest)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == 503
+        assert health.status_code == 503
+        assert events[-1] == "[DONE]"
+        assert not any("error" in e for e in events[:-1]), events[-3:]
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        text_events = [e for e in events[:-1] if e["choices"]]
+        assert len(text_events) >= 2
+        assert _exit_code(srv.proc) == 0, srv.log_tail()
+        assert not _survivors(children)
+
+
+def test_sigterm_aborts_what_outlives_the_shutdown_timeout(long_ctx_model: str) -> None:
+    with running_server(long_ctx_model, "--max-total-tokens", "8192",
+                        "--shutdown-timeout", "0.5") as srv:
+        children = srv.children()
+        with httpx.Client() as client, _stream_lines(client, srv.url) as resp:
+            lines = resp.iter_lines()
+            first = [next(lines) for _ in range(2)]
+            srv.proc.send_signal(signal.SIGTERM)
+            events = _events(first + list(lines))
+        assert events[-1] == "[DONE]"
+        err = events[-2]["error"]
+        assert err["code"] == 503 and "--shutdown-timeout" in err["message"], err
+        assert _exit_code(srv.proc) == 0, srv.log_tail()
+        assert not _survivors(children)
