@@ -75,6 +75,9 @@ class PoolStats:
     # schedule_s, bubble_share) and whether the overlap loop runs.
     step_timing: dict[str, float] | None = None
     overlap: bool = False
+    # Constrained decoding counters (GrammarStats.as_dict()); None before the first
+    # constrained request.
+    grammar: dict[str, float] | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------
@@ -108,6 +111,7 @@ class ReqTokenOut:
     # Characters to hold back while streaming so a stop string is never half-sent.
     stop_hold_chars: int = 0
     error: str | None = None
+    error_status: int | None = None  # HTTP status of `error` (None: 500)
 
 
 @dataclass(slots=True)
@@ -130,6 +134,7 @@ class ReqStrOut:
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
+    error_status: int | None = None  # HTTP status of `error` (None: 500)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixlm.constrained.constraint import Constraint
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -29,6 +31,9 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    # Structured output: the one validated constraint of the request (JSON schema,
+    # regex, EBNF, choice, any JSON object), built by radixlm.constrained.request_mapping.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -62,6 +62,11 @@ class Req:
     # `inflight` is 0: a launched forward may still read them.
     inflight: int = 0
     pending_samples: int = 0
+    # Constrained decoding (radixlm/constrained/): the request's GrammarMatcher, attached
+    # when its grammar is compiled; None for unconstrained requests.
+    grammar: Any = None
+    # HTTP status of `error` (None: 500, an engine failure; 400: e.g. an invalid grammar).
+    error_status: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:
@@ -83,11 +88,13 @@ class Req:
     def remaining_new_tokens(self) -> int:
         return self.sampling_params.max_new_tokens - len(self.output_ids)
 
-    def finish(self, reason: str, matched: str | int | None = None, error: str | None = None) -> None:
+    def finish(self, reason: str, matched: str | int | None = None, error: str | None = None,
+               error_status: int | None = None) -> None:
         if self.finished_reason is None:
             self.finished_reason = reason
             self.matched_stop = matched
             self.error = error
+            self.error_status = error_status
 
     @property
     def uses_penalties(self) -> bool:

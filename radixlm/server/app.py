@@ -59,9 +59,10 @@ async def handle(request: Request, model: type[M],
     except APIError as e:
         return error_response(e.status, e.message, e.param)
     except ValueError as e:
-        return error_response(400, str(e), param_of_value_error(str(e)))
+        param = getattr(e, "param", None) or param_of_value_error(str(e))
+        return error_response(400, str(e), param)
     except GenerateError as e:
-        return error_response(500, str(e))
+        return error_response(e.status, str(e))
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED)
     except Exception as e:

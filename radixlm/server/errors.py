@@ -31,7 +31,12 @@ class APIError(Exception):
 
 
 class GenerateError(RuntimeError):
-    """The engine reported an error for a request (`ReqStrOut.error`)."""
+    """The engine reported an error for a request (`ReqStrOut.error`); `status` is its
+    HTTP status (500 unless the engine says otherwise, e.g. 400 for an invalid grammar)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status or 500
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -74,4 +79,6 @@ def param_of_value_error(message: str) -> str | None:
 
 def stream_error_status(e: Exception) -> int:
     """The status an error met while streaming would have had (it is sent in-band)."""
+    if isinstance(e, GenerateError):
+        return e.status
     return 400 if isinstance(e, ValueError) else 500

@@ -236,7 +236,7 @@ class TokenizerManager:
                     self.generation_tokens_total += out.completion_tokens
                 if out.error is not None:
                     finished = True  # the engine dropped the request itself
-                    raise GenerateError(out.error)
+                    raise GenerateError(out.error, out.error_status)
                 yield out
         finally:
             self._streams.pop(rid, None)

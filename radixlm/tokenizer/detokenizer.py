@@ -65,7 +65,8 @@ class Detokenizer:
         return ReqStrOut(rid=out.rid, text_delta=delta, token_ids_delta=out.new_token_ids,
                          finish_reason=out.finish_reason, matched_stop=out.matched_stop,
                          prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                         cached_tokens=out.cached_tokens, logprobs=out.logprobs, error=out.error)
+                         cached_tokens=out.cached_tokens, logprobs=out.logprobs, error=out.error,
+                         error_status=out.error_status)
 
     def handle_batch(self, batch: BatchTokenIDOut) -> BatchStrOut:
         return BatchStrOut([self.handle(o) for o in batch.outs])
