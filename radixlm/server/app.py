@@ -33,6 +33,7 @@ from radixlm.server.completions import create_completion
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
                                    validation_message)
 from radixlm.server.http_util import ClientDisconnected
+from radixlm.server.grammar_metrics import GRAMMAR_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
@@ -132,7 +133,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
                                                  tm.max_running_requests, tm.memory_plan, stats,
                                                  tm.cuda_graph_batch_sizes, tm.dtype, threads))
 
-    metrics = EngineMetrics(model_name)
+    metrics = EngineMetrics(model_name, extra=GRAMMAR_METRICS)
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
