@@ -74,7 +74,7 @@ class ConstrainedDecoding:
         from radixlm.constrained.xgrammar_backend import XGrammarBackend
 
         t0 = time.perf_counter()
-        backend = XGrammarBackend(self._tokenizer, self._vocab_size, self._stop_ids)
+        backend = XGrammarBackend.from_tokenizer(self._tokenizer, self._vocab_size, self._stop_ids)
         logger.info("grammar backend xgrammar ready in %.2f s (vocab %d)",
                     time.perf_counter() - t0, self._vocab_size)
         return backend

@@ -71,14 +71,19 @@ class XGrammarMatcher(GrammarMatcher):
 
 
 class XGrammarBackend(GrammarBackend):
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 compile_threads: int = 1) -> None:
-        xgr = _xgr()
-        self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_token_ids) or None)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=compile_threads,
-                                            cache_enabled=False)
+    def __init__(self, tokenizer_info: Any, compile_threads: int = 1) -> None:
+        """`tokenizer_info`: an xgrammar.TokenizerInfo (see `from_tokenizer`)."""
+        self.vocab_size = tokenizer_info.vocab_size
+        self.compiler = _xgr().GrammarCompiler(tokenizer_info, max_threads=compile_threads,
+                                               cache_enabled=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                       compile_threads: int = 1) -> "XGrammarBackend":
+        """From a Hugging Face tokenizer; `vocab_size` is the LM head's."""
+        info = _xgr().TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None)
+        return cls(info, compile_threads)
 
     def compile(self, constraint: Constraint) -> Any:
         c, kind, spec = self.compiler, constraint.kind, constraint.spec
