@@ -9,6 +9,8 @@ size (it can exceed the tokenizer's; the extra ids are never allowed).
 
 from __future__ import annotations
 
+import functools
+import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -52,7 +54,8 @@ class GrammarBackend(ABC):
         """A fresh matcher at the start of `compiled`."""
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
-        return torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        """Uninitialized: only the rows a GrammarStep fills are ever read."""
+        return torch.empty((rows, (self.vocab_size + 31) // 32), dtype=torch.int32)
 
     @staticmethod
     def allow_all(bitmask: torch.Tensor, row: int) -> None:
@@ -61,11 +64,25 @@ class GrammarBackend(ABC):
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
                       rows: list[int]) -> None:
         """Set the disallowed logits of `rows` to -inf, in place; `bitmask` has one row
-        per logits row (only `rows` are read). Vectorized: no per-token Python."""
-        idx = torch.tensor(rows, dtype=torch.int64)
-        vocab = logits.shape[-1]
-        bits = torch.arange(32, dtype=torch.int32)
-        # [R, W, 32] -> [R, W*32]: bit b of word w is token w*32 + b.
-        allowed = ((bitmask[idx].unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab]
-        idx, allowed = idx.to(logits.device), allowed.to(logits.device, non_blocking=True)
-        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+        per logits row (only `rows` are read). Vectorized: each bitmask byte indexes a
+        [256, 8] table of additive masks (0 or -inf), so one gather and one add cover the
+        batch -- no per-token Python, and faster on the CPU than unpacking bits by shifts."""
+        assert sys.byteorder == "little", "the uint8 view assumes little-endian words"
+        table = _additive_table(logits.device, logits.dtype)
+        all_rows = len(rows) == logits.shape[0]
+        mask = bitmask if all_rows else bitmask[torch.tensor(rows, dtype=torch.int64)]
+        mask = mask.to(logits.device, non_blocking=True)
+        # Byte k of word w holds tokens 32w + 8k .. 32w + 8k + 7 (bit j = token + j).
+        add = table[mask.view(torch.uint8).int()].view(mask.shape[0], -1)[:, :logits.shape[-1]]
+        if all_rows:
+            logits.add_(add)
+        else:
+            idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+            logits[idx] = logits[idx] + add
+
+
+@functools.cache
+def _additive_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: entry [b, j] is 0 if bit j of byte b is set, else -inf."""
+    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.where(bits.bool(), 0.0, float("-inf")).to(device=device, dtype=dtype)

@@ -76,6 +76,8 @@ def _check_keywords(schema: Any, field: str, path: str) -> None:
         bad = key in UNSUPPORTED_KEYWORDS
         bad |= key == "uniqueItems" and value is True
         bad |= key == "allOf" and isinstance(value, list) and len(value) > 1
+        # xgrammar drops the length bounds of a string that also has a pattern.
+        bad |= key in ("minLength", "maxLength") and "pattern" in schema
         if bad:
             raise ConstraintError(
                 f"{field}: the JSON schema keyword '{key}' (at '{here}') is not supported "

@@ -104,7 +104,9 @@ class XGrammarBackend(GrammarBackend):
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
                       rows: list[int]) -> None:
-        if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        """On CUDA xgrammar's kernel; on the CPU the interface's table gather, which
+        measured ~3x faster than xgrammar's CPU loop at batch 32 (docs/benchmarks.md)."""
+        if logits.device.type != "cuda":
             return super().apply_bitmask(logits, bitmask, rows)
         bitmask = bitmask.to(logits.device, non_blocking=True)
         _xgr().apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1],

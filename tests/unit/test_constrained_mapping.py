@@ -69,6 +69,8 @@ def test_no_constraint() -> None:
     ({"json_schema": {"allOf": [{"type": "integer"}, {"minimum": 3}]}}, "json_schema", "allOf"),
     ({"json_schema": {"type": "object", "patternProperties": {"^x": {}}}}, "json_schema",
      "patternProperties"),
+    ({"json_schema": {"type": "string", "pattern": "^a+$", "maxLength": 3}}, "json_schema",
+     "maxLength"),
     ({"regex": "(("}, "regex", "parenthesis"),
     ({"regex": ""}, "regex", "non-empty"),
     ({"ebnf": "root ::= "}, "ebnf", "invalid ebnf"),

@@ -68,16 +68,17 @@ def test_json_schema_compact_output(backend: XGrammarBackend) -> None:
     assert allowed(backend, m) == {EOS}
 
 
-def test_torch_apply_matches_xgrammar(backend: XGrammarBackend) -> None:
-    """The interface's vectorized fallback and xgrammar's kernel mask the same logits."""
+@pytest.mark.parametrize("rows", [[0, 2], [0, 1, 2]])
+def test_table_apply_matches_xgrammar(backend: XGrammarBackend, rows) -> None:
+    """The interface's table gather and xgrammar's own kernel mask the same logits."""
     torch.manual_seed(0)
     bm = torch.randint(-2**31, 2**31 - 1, (3, (LM_HEAD + 31) // 32), dtype=torch.int32)
-    a, b = torch.randn(3, LM_HEAD), None
+    a = torch.randn(3, LM_HEAD)
     b = a.clone()
-    backend.apply_bitmask(a, bm, [0, 2])
-    GrammarBackend.apply_bitmask(backend, b, bm, [0, 2])
+    backend.apply_bitmask(a, bm, rows)
+    xgr.apply_token_bitmask_inplace(b, bm, vocab_size=LM_HEAD, indices=rows)
     assert torch.equal(a, b)
-    assert torch.isfinite(a[1]).all()  # row 1 not constrained
+    assert torch.isfinite(a[1]).all() == (1 not in rows)
 
 
 def test_cache_lru_and_failures() -> None:
