@@ -7,7 +7,9 @@ ZMQ path without a model. Nothing here is used by the server itself.
 
 Output rule: token `s` of a request is `gen_ids[(base + s) % len(gen_ids)]` with
 `base = (seed or 0) + len(input_ids)`, so equal seeds give equal text and `seed + 1`
-differs. A prompt containing `error_token_id` gets a `ReqStrOut` with `error` set.
+differs. A prompt containing `error_token_id` gets a `ReqStrOut` with `error` set; a
+constrained request whose spec contains FAKE_COMPILE_ERROR fails as a grammar that does
+not compile would (error_status 400).
 A `PoolStatsReq` is answered with a fake pool of 1024 KV slots, 4 held per running request.
 """
 
@@ -29,6 +31,7 @@ from radixlm.messages import (AbortReq, BatchStrOut, PoolStats, PoolStatsReq, Re
 TINY_WORDS = ["hello", "world", "the", "a", "cat", "dog", "sat", "on", "mat", "and", "ran",
               "big", "small", "red", "blue", "green", "one", "two", "three", "four", "yes",
               "no", "stop", "go", "boom", "user", "assistant", "system", "tool"]
+FAKE_COMPILE_ERROR = "fake-compile-error"
 TINY_SPECIAL = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
@@ -128,6 +131,11 @@ class FakeEngine:
             return
         assert isinstance(msg, TokenizedGenerateReq), msg
         self.received.append(msg)
+        c = msg.sampling_params.constraint
+        if c is not None and FAKE_COMPILE_ERROR in c.spec:
+            push.send(dumps(BatchStrOut([ReqStrOut(msg.rid, "", [], "abort", error=(
+                "invalid regex: fake compile error"), error_status=400)])))
+            return
         if self.error_token_id is not None and self.error_token_id in msg.input_ids:
             push.send(dumps(BatchStrOut([ReqStrOut(msg.rid, "", [], error="fake engine error")])))
             return
