@@ -35,6 +35,21 @@ MAX_SCHEMA_BYTES = 1 << 20
 MAX_CHOICES = 4096
 
 
+def warm_up() -> None:
+    """Import the validators (xgrammar takes ~2 s) on a daemon thread, so the first
+    constrained request does not stall the API process's event loop."""
+    import threading
+
+    def load() -> None:
+        import jsonschema  # noqa: F401
+
+        from radixlm.constrained import xgrammar_backend
+
+        xgrammar_backend._xgr()
+
+    threading.Thread(target=load, name="constraint-warm-up", daemon=True).start()
+
+
 def parse_json_schema(value: Any, field: str) -> str:
     """The schema as JSON text (property order kept). `value`: a dict or its JSON text."""
     if isinstance(value, str):

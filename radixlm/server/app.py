@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.config import ServerArgs
+from radixlm.constrained.validate import warm_up as warm_up_constraint_checks
 from radixlm.process_threads import current_torch_threads
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion
@@ -77,6 +78,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warm_up_constraint_checks()  # imports xgrammar off the event loop
         await tm.start()
         try:
             yield
