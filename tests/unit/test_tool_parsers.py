@@ -40,8 +40,7 @@ CANNED = [
     ("hermes", "No tools needed: 1 < 2 and <tool> is not a tag.", "No tools needed: 1 < 2 and "
                "<tool> is not a tag.", []),
     ("llama3_json", "The weather is fine.", "The weather is fine.", []),
-    ("smollm2", '<tool_call>[{"name": "add", "arguments": {"a": 1,', '<tool_call>[{"name": '
-                '"add", "arguments": {"a": 1,', []),  # cut off: not a call
+    ("smollm2", '<tool_call>[{"name": "ad', '<tool_call>[{"name": "ad', []),  # no name: text
 ]
 
 
@@ -70,6 +69,19 @@ def test_non_streaming(parser: str, text: str, content: str | None, calls) -> No
         assert c["type"] == "function" and c["id"].startswith("call_")
         json.loads(c["function"]["arguments"])
     openai_types.ChatCompletionMessage.model_validate(message)
+
+
+def test_cut_off_arguments_stay_cut_off_in_both_modes() -> None:
+    """max_tokens ends the answer inside a call's arguments: the call is reported (its
+    name was complete) with the arguments generated so far, streamed or not."""
+    text = '<tool_call>[{"name": "add", "arguments": {"a": 1,'
+    plan = _plan("smollm2")
+    _, calls = plan.parse(text)
+    assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1,')]
+    td = ToolDeltas(plan.stream())
+    deltas = [td.feed(p, final=i == 2) for i, p in enumerate([text[:20], text[20:35], text[35:]])]
+    args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", []))
+    assert args == '{"a": 1,' and not any("content" in d for d in deltas)
 
 
 @pytest.mark.parametrize("seed", range(4))

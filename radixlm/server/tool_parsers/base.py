@@ -9,7 +9,6 @@ stream over the whole text, so streamed deltas reassemble to the non-streamed an
 
 from __future__ import annotations
 
-import json
 import uuid
 from abc import ABC
 from dataclasses import dataclass
@@ -48,8 +47,9 @@ class ToolParser(ABC):
         return ToolCallStream(self)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(content, calls). A region that does not parse as complete calls with JSON
-        arguments gives no calls: the whole text is content."""
+        """(content, calls), exactly what streaming `text` reports: a call counts once its
+        name is complete (arguments cut off by max_tokens stay cut off, as in the
+        stream); a region in which no name completes is content."""
         return parse_with(self.stream(), text)
 
 
@@ -57,10 +57,9 @@ def parse_with(stream: "ToolCallStream", text: str) -> tuple[str, list[ToolCall]
     content, events = stream.feed(text)
     more, tail = stream.finish()
     content += more
-    calls = assemble(events + tail)
-    if stream.in_region and not _valid(calls, stream):
+    if stream.in_region and not stream.announced:
         return text, []
-    return content, calls
+    return content, assemble(events + tail)
 
 
 def assemble(events: list[CallEvent]) -> list[ToolCall]:
@@ -71,19 +70,6 @@ def assemble(events: list[CallEvent]) -> list[ToolCall]:
             call.name = e.name
         call.arguments += e.arguments
     return [calls[i] for i in sorted(calls)]
-
-
-def _valid(calls: list[ToolCall], stream: "ToolCallStream") -> bool:
-    if not calls or stream.scanner.inside_call:
-        return False
-    for c in calls:
-        if not c.name:
-            return False
-        try:
-            json.loads(c.arguments)
-        except ValueError:
-            return False
-    return True
 
 
 class ToolCallStream:
@@ -97,12 +83,19 @@ class ToolCallStream:
         self.plain = False  # decided: no tool call in this text (at_start_only formats)
         self.buf = ""
         self.sent = 0  # buf[:sent] was emitted as content or consumed by the region
+        self.region_start = 0  # where the tool region (its marker) starts in buf
+        self.announced = False  # a call's name was reported
+
+    def _events(self, text: str) -> list[CallEvent]:
+        events = self.scanner.feed(text)
+        self.announced |= any(e.name is not None for e in events)
+        return events
 
     def feed(self, delta: str) -> tuple[str, list[CallEvent]]:
         """(content to emit now, call events)."""
-        if self.in_region:
-            return "", self.scanner.feed(delta)
         self.buf += delta
+        if self.in_region:
+            return "", self._events(delta)
         if self.plain:
             return self._emit(len(self.buf)), []
         if self.at_start_only:
@@ -113,9 +106,10 @@ class ToolCallStream:
             idx, marker = min(hits)
             content = self._emit(self.sent + idx)
             self.in_region = True
+            self.region_start = self.sent
             rest = pending[idx + len(marker):]
             self.sent = len(self.buf)
-            return content, self.scanner.feed(rest)
+            return content, self._events(rest)
         return self._emit(len(self.buf) - _held(pending, self.markers)), []
 
     def _feed_at_start(self) -> tuple[str, list[CallEvent]]:
@@ -127,16 +121,19 @@ class ToolCallStream:
                 self.in_region = True
                 self.sent = len(self.buf)
                 # "{" is part of the call; a tag marker is not.
-                return "", self.scanner.feed(head if m == "{" else head[len(m):])
+                return "", self._events(head if m == "{" else head[len(m):])
         if any(m.startswith(head) for m in self.markers):
             return "", []  # still undecided (a partial tag)
         self.plain = True
         return self._emit(len(self.buf)), []
 
     def finish(self) -> tuple[str, list[CallEvent]]:
-        """At the end of the text: flush held-back content."""
+        """At the end of the text: flush held-back content. A region in which no call
+        was ever announced (e.g. cut off before the name) turns out to be content."""
         if self.in_region:
-            return "", []
+            if self.announced:
+                return "", []
+            return self.buf[self.region_start:], []
         return self._emit(len(self.buf)), []
 
     def _emit(self, upto: int) -> str:
