@@ -148,6 +148,14 @@ class ServerArgs:
     shutdown_timeout: float = _opt(
         30.0, "On SIGTERM: stop admitting (503), let running requests finish for up to this "
         "many seconds, then abort the rest with an error and exit.")
+    grammar_compile_timeout: float = _opt(
+        30.0, "Seconds a constrained request may wait for its grammar (JSON schema, regex, "
+        "EBNF) to compile; past it the request fails with a 400. Other requests keep "
+        "running meanwhile.")
+    tool_call_parser: str | None = _opt(
+        None, "How tool calls are found in the model's text for tool_choice 'auto' "
+        "(radixlm/server/tool_parsers/): hermes, qwen25, llama3_json, smollm2. Default: "
+        "chosen from the chat template (smollm2 for the default model).")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def replace(self, **changes: Any) -> "ServerArgs":

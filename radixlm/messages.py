@@ -75,6 +75,9 @@ class PoolStats:
     # schedule_s, bubble_share) and whether the overlap loop runs.
     step_timing: dict[str, float] | None = None
     overlap: bool = False
+    # Constrained decoding counters (GrammarStats.as_dict()); None before the first
+    # constrained request.
+    grammar: dict[str, float] | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixlm.constrained.constraint import Constraint
+
 
 # Temperatures below this sample greedily (see SamplingParams.is_greedy).
 GREEDY_TEMPERATURE = 1e-5
@@ -33,6 +35,9 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    # Structured output: the one validated constraint of the request (JSON schema,
+    # regex, EBNF, choice, any JSON object), built by radixlm.constrained.request_mapping.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -102,6 +102,18 @@ def _overlap(ns: argparse.Namespace) -> None:
     print(overlap_table(run_overlap_bench(cfg)))
 
 
+def _structured(ns: argparse.Namespace) -> None:
+    from radixlm.bench.structured import (StructuredBenchConfig, run_structured_bench,
+                                          structured_table)
+
+    modes = {"serial": [False], "overlap": [True], "both": [False, True]}[ns.loop]
+    cfg = StructuredBenchConfig(model=ns.model, batch_sizes=ns.batch_sizes,
+                                output_len=ns.output_len, repeat=ns.repeat, overlap_modes=modes,
+                                num_threads=ns.num_threads, engine_args=dict(ns.engine_arg),
+                                output_file=ns.output_file)
+    print(structured_table(run_structured_bench(cfg)))
+
+
 def serve_config_from(ns: argparse.Namespace):
     """The ServeBenchConfig of parsed `bench serve` flags (ours or bench_serving's)."""
     from radixlm.bench.cli_args import dataset_args_from
@@ -368,6 +380,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     lp.add_argument("--plot", default=None, metavar="DIR", help="Write PNG plots to DIR.")
     _add_engine_arg(lp)
     lp.set_defaults(func=_long_prompt)
+
+    st = sub.add_parser("structured", help="Constrained decoding: decode throughput with "
+                        "every request constrained vs none, grammar compile time p50/p99.")
+    _common(st)
+    _add_engine_arg(st)
+    st.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    st.add_argument("--output-len", type=int, default=64)
+    st.add_argument("--repeat", type=int, default=2)
+    st.add_argument("--loop", choices=["serial", "overlap", "both"], default="both")
+    st.set_defaults(func=_structured)
 
     ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "
                         "throughput ratio and the device bubble.")

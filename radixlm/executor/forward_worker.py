@@ -39,6 +39,8 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
@@ -72,6 +74,9 @@ class ForwardTask:
     # Built by `launch` when the streams stage it with the batch (CUDA; the penalty
     # counts are attached in the task); otherwise on the forward thread.
     sampling_info: SamplingBatchInfo | None = None
+    # Constrained rows' token bitmask (radixlm/constrained/step_mask.py); None when no
+    # row is constrained.
+    grammar: Any = None
 
 
 @dataclass
@@ -158,6 +163,8 @@ class ForwardWorker:
                                                             failed=failed)
             if task.keep is not None:
                 logits = logits[task.keep]
+            if task.grammar is not None:  # constrained rows: mask just before sampling
+                task.grammar.apply(logits)
             info = task.sampling_info
             if info is None:
                 info = self._sampling_info(task, self.runner.device, penalty_state=True)

@@ -144,6 +144,8 @@ class LogprobTensors:
                 continue
             k = self.top_counts[i]  # this request's count, not the batch max
             top = list(zip(top_ids[i][:k], top_vals[i][:k])) if top_ids is not None else []
+            # Tokens masked out by a grammar have logprob -inf: not reported (not JSON).
+            top = [(t, v) for t, v in top if v != _NEG_INF]
             out.append(TokenLogprob(next_ids[i], chosen[i], top))
         return out
 
@@ -236,6 +238,7 @@ class Sampler:
                               list(info.top_logprobs))
 
 
+_NEG_INF = float("-inf")
 _MASK64 = (1 << 64) - 1
 
 

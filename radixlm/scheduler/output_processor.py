@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.sampler import SampleOutput
 from radixlm.messages import ReqTokenOut
 from radixlm.scheduler.req import Req
@@ -48,6 +49,8 @@ class OutputProcessor:
             req.output_ids.append(tok)
             if lp is not None:
                 req.pending_logprobs.append(lp)
+            if req.grammar is not None:  # constrained: the matcher advances (may finish it)
+                ConstrainedDecoding.accept(req, tok)
             # (Penalty counts were updated on the forward worker when the token was sampled.)
             self.check_finished(req, tok)
             if req.stream and not req.finished:

@@ -44,7 +44,9 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       min_new_token_ratio=args.min_new_token_ratio,
                       new_token_ratio_decay=args.new_token_ratio_decay,
                       enable_mixed_chunk=args.enable_mixed_chunk,
-                      overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device))
+                      overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device),
+                      grammar_compile_timeout=args.grammar_compile_timeout,
+                      grammar_synchronous=args.tp_size > 1)
     return sched, tokenizer
 
 

@@ -39,7 +39,9 @@ class Req:
     finished_reason: str | None = None  # "stop" | "length" | "abort"
     matched_stop: str | int | None = None
     error: str | None = None
-    error_status: int | None = None  # HTTP status of `error` (None: 500)
+    # HTTP status of `error` (None: 500, an engine failure; 400 e.g. an invalid grammar,
+    # 507 a lone request out of memory).
+    error_status: int | None = None
     generator: torch.Generator | None = None
     # Output ids [0, sent_len) and logprobs already handed to the detokenizer.
     sent_len: int = 0
@@ -66,6 +68,9 @@ class Req:
     # First position whose K/V a failed (out of memory) forward left garbage; never cached
     # (scheduler/request_oom.py).
     kv_poisoned_from: int | None = None
+    # Constrained decoding (radixlm/constrained/): the request's GrammarMatcher, attached
+    # when its grammar is compiled; None for unconstrained requests.
+    grammar: Any = None
 
     @property
     def fill_ids(self) -> list[int]:

@@ -87,6 +87,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
+from radixlm.constrained.step_mask import GrammarStep
 from radixlm.executor.forward_batch import ForwardMode
 from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
@@ -118,6 +120,7 @@ class LaunchedBatch:
     batch: ScheduleBatch
     sampling_reqs: list[Req]  # the requests that sample a token in it, in logits order
     handle: InFlight  # the forward worker's: its future and its stream events
+    grammar: GrammarStep | None = None  # constrained rows' bitmask, filled by step()
 
 
 class Scheduler:
@@ -127,7 +130,8 @@ class Scheduler:
                  schedule_policy: str = "fcfs", init_new_token_ratio: float = 0.7,
                  min_new_token_ratio: float = 0.1,
                  new_token_ratio_decay: float | None = None,
-                 enable_mixed_chunk: bool = False, overlap: bool = True) -> None:
+                 enable_mixed_chunk: bool = False, overlap: bool = True,
+                 grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -169,6 +173,11 @@ class Scheduler:
         # served from the radix cache (the cache hit rate in PoolStats).
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
+        # Structured output (radixlm/constrained/): constrained requests wait in its
+        # grammar queue until compiled; nothing is built before the first one.
+        self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
+                                               grammar_compile_timeout,
+                                               synchronous=grammar_synchronous)
 
     # --- limits the API process must know ---------------------------------------
 
@@ -198,9 +207,28 @@ class Scheduler:
             req.generator = torch.Generator(self.runner.device)
             req.generator.manual_seed(p.seed if p.seed is not None else self.rng.getrandbits(63))
         self.output_processor.init_penalty_state(req)
+        if p.constraint is not None:
+            self.constrained.add(req)  # joins `waiting` once its grammar is compiled
+            return
         self.waiting.append(req)
 
+    def _admit_compiled(self) -> None:
+        """Constrained requests whose grammar is ready join the waiting queue; those whose
+        grammar failed or timed out are answered with a 400."""
+        for outcome in self.constrained.ready():
+            req = outcome.req
+            if outcome.error is None:
+                self.waiting.append(req)
+            else:
+                req.finish("abort", error=outcome.error, error_status=CONSTRAINT_ERROR_STATUS)
+                self.outbox.append(self.output_processor.make_output(req))
+
     def abort_request(self, msg: AbortReq) -> None:
+        queued = self.constrained.abort(msg.rid)
+        if queued is not None:  # still compiling its grammar: holds nothing
+            queued.finish("abort")
+            self.outbox.append(self.output_processor.make_output(queued))
+            return
         for req in self.waiting:
             if req.rid == msg.rid:
                 self.waiting.remove(req)
@@ -226,13 +254,18 @@ class Scheduler:
     # --- the step ------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.inflight or self.finishing)
+        return bool(self.waiting or self.running or self.inflight or self.finishing
+                    or self.constrained.num_queued)
 
     def step(self) -> list[ReqTokenOut]:
         """Build and launch the next batch, process the results of the previous one (overlap)
         or of this one (serial); return the outputs to send."""
         t0, blocked0 = time.perf_counter(), self.worker.blocked_s
         self._retire_finished()
+        if self.constrained.num_queued:
+            if not (self.waiting or self.running or self.inflight):
+                self.constrained.wait(0.05)  # only grammars compiling: do not spin
+            self._admit_compiled()
         batch = self._next_batch()
         if batch is not None and not launch_allowed(self, batch):
             batch = None  # over the activation budget: undone, retried smaller or failed
@@ -242,8 +275,12 @@ class Scheduler:
             done, self.inflight = self.inflight, launched
         else:
             done = launched
-        if done is not None:
-            self._process(done)
+        try:
+            if done is not None:
+                self._process(done)
+        finally:
+            if launched is not None and launched.grammar is not None:
+                launched.grammar.fill()  # overlap: while its forward runs (no-op if serial)
         self._retire_finished()
         if not self.has_work():
             self.new_token_ratio = self.init_new_token_ratio  # a fresh start, as in SGLang
@@ -450,12 +487,15 @@ class Scheduler:
         for r in sampling:
             r.pending_samples += 1
         # Host tensors, like the batch's: the worker puts them on the device (cuda_streams).
+        grammar = self.constrained.step_for(sampling) if self.constrained.active else None
+        if grammar is not None and not self.overlap:
+            grammar.fill()  # serial: every earlier token is accepted already
         task = ForwardTask(
             forward_batch=batch.forward_batch, sampling_reqs=sampling,
             keep=None if len(keep) == len(batch.reqs) else torch.tensor(keep, dtype=torch.int64),
             rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64),
-            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep])
-        return LaunchedBatch(batch, sampling, self.worker.launch(task))
+            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep], grammar=grammar)
+        return LaunchedBatch(batch, sampling, self.worker.launch(task), grammar)
 
     def _process(self, done: LaunchedBatch) -> None:
         """Wait for a launched batch and process its sampled tokens (append, stop checks,
@@ -491,6 +531,7 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop the forward thread (overlap); the scheduler is unusable afterwards."""
         self.worker.shutdown()
+        self.constrained.shutdown()
 
     # --- invariant -------------------------------------------------------------------
 
@@ -546,4 +587,5 @@ class Scheduler:
                          prompt_tokens_total=self.prompt_tokens_total,
                          cached_tokens_total=self.cached_tokens_total,
                          cache_hit_rate=self.cache_hit_rate,
-                         step_timing=self.worker.timer.as_dict(), overlap=self.overlap)
+                         step_timing=self.worker.timer.as_dict(), overlap=self.overlap,
+                         grammar=None if (g := self.constrained.stats) is None else g.as_dict())

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.config import ServerArgs
+from radixlm.constrained.validate import warm_up as warm_up_constraint_checks
 from radixlm.process_threads import current_torch_threads
 from radixlm.server.admission import QueueFull, choice_count
 from radixlm.server.api_key import api_key_dependency
@@ -34,6 +35,7 @@ from radixlm.server.completions import create_completion
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
                                    validation_message)
 from radixlm.server.http_util import ClientDisconnected
+from radixlm.server.grammar_metrics import GRAMMAR_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.openapi_bodies import install_request_bodies
@@ -67,7 +69,8 @@ async def handle(request: Request, model: type[M], run: Callable[[M], Awaitable[
     except APIError as e:
         return error_response(e.status, e.message, e.param)
     except ValueError as e:
-        return error_response(400, str(e), param_of_value_error(str(e)))
+        param = getattr(e, "param", None) or param_of_value_error(str(e))
+        return error_response(400, str(e), param)
     except GenerateError as e:
         return error_response(e.status, str(e))
     except ClientDisconnected:
@@ -83,6 +86,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warm_up_constraint_checks()  # imports xgrammar off the event loop
         await tm.start()
         try:
             yield
@@ -141,7 +145,8 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
                                                  tm.max_running_requests, tm.memory_plan, stats,
                                                  tm.cuda_graph_batch_sizes, tm.dtype, threads))
 
-    metrics = EngineMetrics(model_name, tm.admission.metric_defs(lambda: tm.num_running))
+    metrics = EngineMetrics(model_name, [*tm.admission.metric_defs(lambda: tm.num_running),
+                                         *GRAMMAR_METRICS])
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import aclosing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixlm.messages import ReqStrOut
+from radixlm.server.stream_prime import prime_streams
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import completion_logprobs
@@ -34,7 +36,11 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model_name}
     if req.stream:
-        return SSEResponse(guarded_sse(_stream(tm, req, choices, head), "completion"))
+        streams = start_streams(tm, choices, True)
+        if any(c.params.constraint is not None for c in choices):
+            # A grammar that fails to compile is a 400, not an error event in a 200.
+            streams = await run_until_disconnect(request, prime_streams(streams))
+        return SSEResponse(guarded_sse(_stream(req, choices, streams, head, tm), "completion"))
 
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     body_choices = []
@@ -47,11 +53,12 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
     return JSONResponse({**head, "choices": body_choices, "usage": usage_of(choices, results)})
 
 
-async def _stream(tm: TokenizerManager, req: CompletionRequest, choices: list[Choice],
-                  head: dict[str, Any]) -> AsyncIterator[str]:
+async def _stream(req: CompletionRequest, choices: list[Choice],
+                  streams: list[AsyncGenerator[ReqStrOut, None]], head: dict[str, Any],
+                  tm: TokenizerManager) -> AsyncIterator[str]:
     results = [ChoiceResult() for _ in choices]
     offsets = [0] * len(choices)  # text_offset of each choice's next token
-    async with aclosing(merge_streams(start_streams(tm, choices, True))) as merged:
+    async with aclosing(merge_streams(streams)) as merged:
         async for k, out in merged:
             results[k].add(out)
             if not out.text_delta and out.finish_reason is None and not out.logprobs:

@@ -34,8 +34,9 @@ class APIError(Exception):
 
 
 class GenerateError(RuntimeError):
-    """The engine reported an error for a request (`ReqStrOut.error`); `status` is the
-    HTTP status it maps to (`ReqStrOut.error_status`, default 500)."""
+    """The engine reported an error for a request (`ReqStrOut.error`); `status` is its
+    HTTP status (`ReqStrOut.error_status`; 500 unless the engine says otherwise, e.g. 400
+    for an invalid grammar, 507 for a lone request whose forward ran out of memory)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

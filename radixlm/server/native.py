@@ -10,13 +10,15 @@ each streamed event carries the text and ids generated so far (cumulative, not d
 from __future__ import annotations
 
 from contextlib import aclosing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixlm.messages import ReqStrOut
+from radixlm.server.stream_prime import prime_streams
 from radixlm.server.choices import Choice, plan_choices, start_streams
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.outputs import ChoiceResult, collect_all
@@ -38,7 +40,10 @@ async def generate_native(tm: TokenizerManager, req: GenerateRequest, request: R
         planned.append((ids, params))
     choices = plan_choices(planned, 1, req.timeout)
     if req.stream:
-        return SSEResponse(guarded_sse(_stream(tm, req, choices[0]), "generate"))
+        stream = start_streams(tm, choices, True)
+        if choices[0].params.constraint is not None:  # a failing grammar: a 400
+            stream = await run_until_disconnect(request, prime_streams(stream))
+        return SSEResponse(guarded_sse(_stream(tm, req, choices[0], stream[0]), "generate"))
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     bodies = [_body(tm, req, c, r) for c, r in zip(choices, results)]
     return JSONResponse(bodies if req.is_batch else bodies[0])
@@ -70,9 +75,10 @@ def _body(tm: TokenizerManager, req: GenerateRequest, c: Choice, r: ChoiceResult
     return {"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta}
 
 
-async def _stream(tm: TokenizerManager, req: GenerateRequest, choice: Choice) -> AsyncIterator[str]:
+async def _stream(tm: TokenizerManager, req: GenerateRequest, choice: Choice,
+                  stream: AsyncGenerator[ReqStrOut, None]) -> AsyncIterator[str]:
     result = ChoiceResult()
-    async with aclosing(start_streams(tm, [choice], True)[0]) as outs:
+    async with aclosing(stream) as outs:
         async for out in outs:
             result.add(out)
             yield sse_event(_body(tm, req, choice, result))

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.message_checks import check_messages
+from radixlm.server.structured import CONSTRAINT_FIELD_NAMES, ConstraintFields, ToolFields
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -30,8 +31,9 @@ class StreamOptions(_Strict):
     include_usage: bool | None = False
 
 
-class _SamplingFields(_Strict):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class _SamplingFields(ConstraintFields, _Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions (the structured-output
+    ones come from ConstraintFields)."""
 
     model: str | None = None
     max_tokens: int | None = None
@@ -55,15 +57,11 @@ class _SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
-    # Accepted only in their no-op form: ignoring them silently would mislead the client.
-    response_format: dict[str, Any] | None = None
+    # Accepted only in its no-op form: ignoring it silently would mislead the client.
     logit_bias: dict[str, float] | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError(f"response_format {self.response_format.get('type')!r} is not "
-                             "supported (only 'text')")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         return self
@@ -100,6 +98,7 @@ class _SamplingFields(_Strict):
             "skip_special_tokens": self.skip_special_tokens,
             "logprobs": logprobs,
             "top_logprobs": top_logprobs,
+            "constraint": self.constraint(),
         }
         # None means "not given": keep SamplingParams' default (temperature 1.0, etc.).
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
@@ -174,12 +173,11 @@ class ChatMessage(_Strict):
         return d
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(ToolFields, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
     # vLLM extension: leave the assistant turn open (default) or not.
     add_generation_prompt: bool | None = True
 
@@ -207,8 +205,9 @@ class ChatCompletionRequest(_SamplingFields):
 # --- native /generate (SGLang-like) ------------------------------------------------------
 
 
-class NativeSamplingParams(_Strict):
-    """The fields of SamplingParams, under their own names."""
+class NativeSamplingParams(ConstraintFields, _Strict):
+    """The fields of SamplingParams, under their own names, and SGLang's `regex` / `ebnf` /
+    `json_schema` (any dialect of ConstraintFields is accepted)."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None
@@ -261,7 +260,9 @@ class GenerateRequest(_Strict):
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         sp = self.sampling_params or NativeSamplingParams()
-        fields = {k: v for k, v in sp.model_dump().items() if v is not None}
+        fields = {k: v for k, v in sp.model_dump(exclude=set(CONSTRAINT_FIELD_NAMES)).items()
+                  if v is not None}
+        fields["constraint"] = sp.constraint("sampling_params.")
         fields.setdefault("max_new_tokens", default_max_tokens)
         if self.return_logprob:
             fields["logprobs"] = True

@@ -7,7 +7,10 @@ ZMQ path without a model. Nothing here is used by the server itself.
 
 Output rule: token `s` of a request is `gen_ids[(base + s) % len(gen_ids)]` with
 `base = (seed or 0) + len(input_ids)`, so equal seeds give equal text and `seed + 1`
-differs. A prompt containing `error_token_id` gets a `ReqStrOut` with `error` set.
+differs. A prompt containing `error_token_id` gets a `ReqStrOut` with `error` set; a
+constrained request whose spec contains FAKE_COMPILE_ERROR fails as a grammar that does
+not compile would (error_status 400). With `canned_text` set, every new request answers
+that text instead, `CANNED_PIECE` characters per tick, then finishes with "stop".
 A `PoolStatsReq` is answered with a fake pool of 1024 KV slots, 4 held per running request.
 """
 
@@ -29,6 +32,8 @@ from radixlm.messages import (AbortReq, BatchStrOut, PoolStats, PoolStatsReq, Re
 TINY_WORDS = ["hello", "world", "the", "a", "cat", "dog", "sat", "on", "mat", "and", "ran",
               "big", "small", "red", "blue", "green", "one", "two", "three", "four", "yes",
               "no", "stop", "go", "boom", "user", "assistant", "system", "tool"]
+FAKE_COMPILE_ERROR = "fake-compile-error"
+CANNED_PIECE = 5
 TINY_SPECIAL = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
@@ -58,6 +63,7 @@ class _Running:
     cached: int
     out_ids: list[int] = field(default_factory=list)
     sent_text: str = ""
+    canned: str | None = None  # the whole answer, when the engine plays a canned text
 
 
 class FakeEngine:
@@ -70,6 +76,7 @@ class FakeEngine:
         self.gen_ids = gen_ids
         self.token_delay = token_delay
         self.error_token_id = error_token_id
+        self.canned_text: str | None = None
         self.received: list[TokenizedGenerateReq] = []
         self.aborted: list[str] = []
         self._prompts: list[list[int]] = []
@@ -128,6 +135,11 @@ class FakeEngine:
             return
         assert isinstance(msg, TokenizedGenerateReq), msg
         self.received.append(msg)
+        c = msg.sampling_params.constraint
+        if c is not None and FAKE_COMPILE_ERROR in c.spec:
+            push.send(dumps(BatchStrOut([ReqStrOut(msg.rid, "", [], "abort", error=(
+                "invalid regex: fake compile error"), error_status=400)])))
+            return
         if self.error_token_id is not None and self.error_token_id in msg.input_ids:
             push.send(dumps(BatchStrOut([ReqStrOut(msg.rid, "", [], error="fake engine error")])))
             return
@@ -135,10 +147,20 @@ class FakeEngine:
         self._prompts.append(list(msg.input_ids))
         seed = msg.sampling_params.seed or 0
         self._running[msg.rid] = _Running(msg, seed + len(msg.input_ids),
-                                          min(cached, len(msg.input_ids) - 1))
+                                          min(cached, len(msg.input_ids) - 1),
+                                          canned=self.canned_text)
 
     def _step(self, r: _Running) -> ReqStrOut | None:
         """Generate one token of `r`; return the ReqStrOut to send now, if any."""
+        if r.canned is not None:
+            piece = r.canned[len(r.sent_text):len(r.sent_text) + CANNED_PIECE]
+            r.sent_text += piece
+            r.out_ids.append(0)
+            done = len(r.sent_text) == len(r.canned)
+            if done:
+                self._running.pop(r.req.rid, None)
+            return ReqStrOut(r.req.rid, piece, [0], "stop" if done else None, None,
+                             len(r.req.input_ids), len(r.out_ids), r.cached)
         p = r.req.sampling_params
         finish: str | None = None
         matched: str | int | None = None

@@ -51,7 +51,6 @@ def test_completion_prompt_forms(prompt: object, expected: list[object]) -> None
     '{"prompt": "a", "logprobs": 21}',
     '{"prompt": "a", "echo": true}',
     '{"prompt": "a", "stream": "yes"}',
-    '{"prompt": "a", "response_format": {"type": "json_object"}}',
     '{"prompt": "a", "logit_bias": {"5": 1.0}}',
     '{"max_tokens": 3}',
     '{bad json',

@@ -1,0 +1,50 @@
+"""/metrics of constrained decoding (from PoolStats.grammar, i.e. GrammarStats); absent
+until the first constrained request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixlm.server.metrics import MetricDef, Snapshot
+
+
+def _g(key: str) -> Callable[[Snapshot], float | None]:
+    return lambda s: (None if s.pool is None or s.pool.grammar is None
+                      else float(s.pool.grammar[key]))
+
+
+def _share(s: Snapshot) -> float | None:
+    g = None if s.pool is None else s.pool.grammar
+    if g is None:
+        return None
+    return g["constrained_rows"] / g["sampled_rows"] if g["sampled_rows"] else 0.0
+
+
+GRAMMAR_METRICS: list[MetricDef] = [
+    MetricDef("radixlm_grammar_compile_seconds", "Time spent compiling grammars (cache "
+              "misses).", "counter", _g("compile_s")),
+    MetricDef("radixlm_grammar_compile_max_seconds", "Longest single grammar compilation.",
+              "gauge", _g("compile_s_max")),
+    MetricDef("radixlm_grammar_compiles", "Grammar compilations run.", "counter",
+              _g("compiles")),
+    MetricDef("radixlm_grammar_compile_failures", "Grammar compilations that failed.",
+              "counter", _g("compile_failures")),
+    MetricDef("radixlm_grammar_compile_timeouts", "Requests refused because compilation "
+              "passed --grammar-compile-timeout.", "counter", _g("compile_timeouts")),
+    MetricDef("radixlm_grammar_cache_hits", "Compiled-grammar cache hits.", "counter",
+              _g("cache_hits")),
+    MetricDef("radixlm_grammar_cache_misses", "Compiled-grammar cache misses.", "counter",
+              _g("cache_misses")),
+    MetricDef("radixlm_grammar_queue_wait_seconds", "Time constrained requests waited for "
+              "their grammar, summed.", "counter", _g("queue_wait_s")),
+    MetricDef("radixlm_grammar_queued_requests", "Constrained requests that left the grammar "
+              "queue.", "counter", _g("queued_requests")),
+    MetricDef("radixlm_grammar_mask_seconds", "CPU time filling token bitmasks, summed over "
+              "steps.", "counter", _g("mask_s")),
+    MetricDef("radixlm_grammar_mask_steps", "Steps with at least one constrained row.",
+              "counter", _g("mask_steps")),
+    MetricDef("radixlm_grammar_constrained_rows", "Sampled rows that were constrained.",
+              "counter", _g("constrained_rows")),
+    MetricDef("radixlm_grammar_constrained_row_share", "Constrained / all sampled rows since "
+              "the first constrained request.", "gauge", _share),
+]

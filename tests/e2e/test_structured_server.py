@@ -1,0 +1,242 @@
+"""Structured output and tool calling through the real server (default model) with the
+official `openai` client and LangChain's ChatOpenAI: schema outputs validate, required /
+named tool choice return parseable calls, streamed tool-call deltas reassemble to the
+non-streamed answer, bad constraints are 400s naming the field, /metrics shows the
+grammar counters, and after every test the pool invariant holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import requires_default_model
+from tests.process_tree import descendants, free_port, terminate_tree, wait_healthy
+
+pytestmark = [pytest.mark.slow, requires_default_model]
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+        "b": {"type": "integer", "minimum": -1000, "maximum": 1000}}, "required": ["a", "b"]}}}
+TOOLS = [WEATHER, ADD]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 16},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
+           "--max-total-tokens", "4096", "--max-running-requests", "8"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    started: set[int] = set()
+
+    def log_tail() -> str:
+        log.flush()
+        with open(log.name) as f:
+            return f.read()[-4000:]
+
+    try:
+        wait_healthy(proc, url, 180, log_tail, poll_s=0.5)
+        started = descendants(proc.pid)
+        yield url
+    finally:
+        if proc.poll() is None:
+            started = descendants(proc.pid)
+        obeyed, orphans = terminate_tree(proc, started)
+        log.close()
+        os.unlink(log.name)
+        assert obeyed and not orphans
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Any:
+    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=300, max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def pool_invariant(server: str) -> Iterator[None]:
+    yield
+    deadline = time.monotonic() + 30
+    while True:
+        pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
+        if pool["running"] == 0 and pool["waiting"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert pool["invariant_error"] is None, pool
+    assert pool["held_by_requests"] == 0, pool
+    assert pool["free_kv_slots"] + pool["held_by_cache"] == pool["total_kv_slots"], pool
+
+
+def _check_call(call: Any, tools: list[dict]) -> None:
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in by_name
+    jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+
+
+# --- response_format and the other dialects ------------------------------------------------
+
+
+def test_json_schema_chat_and_n2(client: Any) -> None:
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "A person as JSON."}], n=2, seed=5,
+        temperature=1.0, max_tokens=64,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    assert len(r.choices) == 2
+    for ch in r.choices:
+        assert ch.finish_reason == "stop"
+        jsonschema.validate(json.loads(ch.message.content), PERSON)
+
+
+def test_streamed_json_and_completions_dialects(client: Any, server: str) -> None:
+    text = ""
+    for chunk in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "A person as JSON."}],
+            max_tokens=64, temperature=0, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    jsonschema.validate(json.loads(text), PERSON)
+    r = client.chat.completions.create(
+        model="m", max_tokens=160, temperature=0, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}])
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.completions.create(model="m", prompt="Pick:", max_tokens=8, temperature=0,
+                                  extra_body={"guided_choice": ["alpha", "beta"]})
+    assert r.choices[0].text in ("alpha", "beta")
+    r = client.completions.create(model="m", prompt="Code:", max_tokens=16, temperature=0,
+                                  logprobs=3, extra_body={"regex": "[A-Z]{3}-[0-9]{2}"})
+    assert len(r.choices[0].text) == 6 and r.choices[0].text[3] == "-"
+    body = httpx.post(server + "/generate", timeout=120, json={
+        "text": "Say yes or no:", "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0, "ebnf": 'root ::= "yes" | "no"'}}).json()
+    assert body["text"] in ("yes", "no") and body["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                          "schema": {"type": "foo"}}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
+    ({"regex": "(("}, "regex"),
+    ({"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs.grammar"),
+    ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_constraints_are_400(server: str, extra: dict, param: str, stream: bool) -> None:
+    r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
+        "model": "m", "messages": ASK, "max_tokens": 4, "stream": stream, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+def test_required_and_named_tool_choice(client: Any) -> None:
+    r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, temperature=0,
+                                       tool_choice="required", max_tokens=96)
+    (ch,) = r.choices
+    assert ch.finish_reason == "tool_calls" and ch.message.tool_calls
+    for call in ch.message.tool_calls:
+        _check_call(call, TOOLS)
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Add 2 and 3."}], tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=96,
+        temperature=0)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "add"
+    _check_call(call, TOOLS)
+
+
+def test_streamed_tool_calls_reassemble(client: Any) -> None:
+    kw = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=96,
+              temperature=0, parallel_tool_calls=False)
+    whole = client.chat.completions.create(**kw).choices[0]
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        ch = chunk.choices[0]
+        finish = ch.finish_reason or finish
+        assert not ch.delta.content
+        for tc in ch.delta.tool_calls or []:
+            if tc.index not in calls:
+                assert tc.id and tc.type == "function" and tc.function.name
+                calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+            calls[tc.index]["arguments"] += tc.function.arguments or ""
+    assert finish == "tool_calls" == whole.finish_reason
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+
+
+def test_metrics_show_grammar_counters(server: str) -> None:
+    text = httpx.get(server + "/metrics", timeout=30).text
+    for name in ("radixlm_grammar_compile_seconds_total", "radixlm_grammar_cache_hits_total",
+                 "radixlm_grammar_queue_wait_seconds_total", "radixlm_grammar_mask_seconds_total",
+                 "radixlm_grammar_constrained_row_share"):
+        assert name in text
+
+
+# --- LangChain -----------------------------------------------------------------------------
+
+
+def _chat_model(server: str) -> Any:
+    lc = pytest.importorskip("langchain_openai")
+    return lc.ChatOpenAI(base_url=server + "/v1", api_key="x", model="m", temperature=0,
+                         max_tokens=96, timeout=300, max_retries=0)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output(server: str, method: str) -> None:
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        """A city and its country."""
+        name: str = Field(max_length=20)
+        country: str = Field(max_length=20)
+        population_millions: int = Field(ge=0, le=100)
+
+    out = _chat_model(server).with_structured_output(City, method=method).invoke(
+        "Describe Paris.")
+    assert isinstance(out, City)
+
+
+def test_langchain_bind_tools_named(server: str) -> None:
+    from langchain_core.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    msg = _chat_model(server).bind_tools([add], tool_choice="add").invoke("What is 2 plus 3?")
+    (call,) = msg.tool_calls
+    assert call["name"] == "add" and set(call["args"]) == {"a", "b"}
+    assert all(isinstance(v, int) for v in call["args"].values())
