@@ -28,6 +28,7 @@ serve: $(STAMP)
 	$(PY) -m radixlm serve --port $(PORT) $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m radixlm.cpu_kernels.build
 	$(PY) -m pytest -q -ra tests
 
 clean:

@@ -82,3 +82,17 @@ def build_extension(name: str, source: Path) -> ModuleType | None:
     if dt > 2:
         logger.info("built CPU kernel %s in %.1f s (cached in %s)", name, dt, build_dir)
     return module
+
+
+def main() -> int:
+    """`python -m radixlm.cpu_kernels.build`: build every kernel of this folder now (the
+    test set-up does, so that no server's first start pays for the build)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    names = sorted(p.stem for p in Path(__file__).parent.glob("*.cpp"))
+    for name in names:
+        print(f"{name}: {'ok' if load_kernel(name) is not None else 'unavailable (torch fallback)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
