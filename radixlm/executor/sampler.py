@@ -20,12 +20,15 @@ Per-step Python work is a loop over the batch (generator draws), never over toke
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from radixlm.messages import TokenLogprob
 from radixlm.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -194,7 +197,15 @@ class Sampler:
                 next_ids[rows] = inverse_cdf_draw(probs, info.uniforms)
             else:
                 for j, i in enumerate(sample_rows):
-                    next_ids[i] = torch.multinomial(probs[j], 1, generator=info.generators[i])[0]
+                    try:
+                        next_ids[i] = torch.multinomial(probs[j], 1,
+                                                        generator=info.generators[i])[0]
+                    except RuntimeError:
+                        # Probabilities that are not a distribution (NaN/inf from extreme
+                        # parameters, or all cut away): this row keeps its greedy token
+                        # instead of taking the scheduler down (found by the API fuzzer).
+                        logger.warning("row %d: no valid sampling distribution; greedy token",
+                                       i)
 
         return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))
 

@@ -106,3 +106,15 @@ def test_greedy_and_plain_sampling_never_sort_the_vocabulary():
     assert not _ops_run(greedy, logits) & sorts
     assert not _ops_run(plain, logits) & sorts
     assert _ops_run([make_req(0, temperature=1.0, top_p=0.9)], logits[:1]) & sorts
+
+
+def test_a_row_without_a_valid_distribution_takes_its_greedy_token():
+    """Logits that make no distribution (an inf: softmax gives NaN) cost that row its draw,
+    not the scheduler: it gets its greedy token, its neighbours sample as usual."""
+    logits = torch.randn(2, V)
+    logits[0, 7] = float("inf")
+    reqs = [make_req(0, temperature=1.0), make_req(1, gen_seed=3, temperature=1.0)]
+    out = sample(reqs, logits.clone()).next_token_ids.tolist()
+    assert out[0] == 7
+    assert out[1] == sample([make_req(1, gen_seed=3, temperature=1.0)], logits[1:].clone()
+                            ).next_token_ids.tolist()[0]
