@@ -91,7 +91,7 @@ else
   OVERLAP=(--num-prompts 64 --output-len 64 --repeat 3)
   COMPILE_DTYPES=(bf16 fp32)
   TESTS=(tests/unit/test_triton_attention.py tests/unit/test_triton_compile.py
-         tests/integration/test_triton_engine.py tests/integration/test_cuda_graph.py
+         tests/integration/test_triton_engine.py tests/integration/test_decode_graphs.py
          tests/unit/test_cuda_streams.py tests/unit/test_cuda_overlap.py)
 fi
 
