@@ -8,11 +8,8 @@ Python for each of its ~1,000 small ops.
 
 - Shapes are static (dynamic=False) and the whole step is one graph (fullgraph=True): the
   attention backend must read no host values in decode (`supports_decode_graphs`).
-- Freezing is off (RADIXLM_INDUCTOR_FREEZING=1 turns it on): the prepacked linear calls
-  go through an opaque op (`linear/method.py`, `prepacked_linear`) instead of inductor's
-  lowering of them, which wants frozen weights; frozen graphs are not reused from
-  inductor's cache, unfrozen ones are (a second start: 10 s instead of 88 s for one batch
-  size on 2 cores).
+- Freezing is on: the weights become constants, which is what inductor's oneDNN linear
+  lowering needs for the prepacked weights.
 - Inductor's caches live under `cache_root()/inductor` (unless TORCHINDUCTOR_CACHE_DIR is
   set), so a second start reuses the generated code instead of compiling it again.
 - After capture, guards are evaluated only as far as needed to pick the graph
@@ -28,9 +25,6 @@ from typing import Callable
 import torch
 
 from radixlm.cache_dir import cache_root
-
-
-FREEZING = bool(int(os.environ.get("RADIXLM_INDUCTOR_FREEZING", "0")))
 
 
 def use_persistent_inductor_cache() -> str:
@@ -56,7 +50,7 @@ class CompiledGraph:
         self.fn = torch.compile(fn, fullgraph=True, dynamic=False)
         # Compilation happens at this first call, under these settings.
         with torch._dynamo.config.patch(recompile_limit=max(8, self.num_sizes + 1)), \
-                inductor_config.patch(freezing=FREEZING):
+                inductor_config.patch(freezing=True):
             return self.fn()
 
     def replay(self) -> torch.Tensor:

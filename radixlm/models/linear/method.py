@@ -84,24 +84,9 @@ def onednn_prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-@torch.library.custom_op("radixlm::prepacked_linear", mutates_args=())
-def prepacked_linear(x: torch.Tensor, packed: torch.Tensor,
-                     bias: torch.Tensor | None) -> torch.Tensor:
-    """`mkldnn._linear_pointwise` as an op torch.compile keeps opaque: inductor's own
-    lowering of it wants the weight frozen into a graph constant, and frozen graphs are
-    not reused from inductor's cache across starts."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-@prepacked_linear.register_fake
-def _(x, packed, bias):
-    return x.new_empty((x.shape[0], packed.shape[0]))
-
-
 class PrepackedLinear(LinearMethod):
     """The weight in oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, packed once)
-    and `mkldnn._linear_pointwise` per call (through `prepacked_linear` under
-    torch.compile). CPU, float32 or bfloat16."""
+    and `mkldnn._linear_pointwise` per call. CPU, float32 or bfloat16."""
 
     def __init__(self, weight: torch.Tensor, batch_hint: int = 1) -> None:
         super().__init__()
@@ -112,11 +97,8 @@ class PrepackedLinear(LinearMethod):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if torch.compiler.is_compiling():
-            y = prepacked_linear(x2, self.packed, bias)
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed,
+                                               bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
