@@ -16,6 +16,7 @@ from radixlm.executor.decode_graph_runner import DecodeGraphRunner
 from radixlm.executor.forward_batch import ForwardMode
 from radixlm.executor.model_runner import ModelRunner
 from tests.conftest_models import PoolHarness
+from tests.graph_checks import replay_matches_eager
 
 pytestmark = pytest.mark.skipif(not decode_attention_available(),
                                 reason="compiled decode needs the C++ CPU decode kernel (g++)")
@@ -33,10 +34,6 @@ def compiled(tiny_llama_dir):
     return runner, graphs
 
 
-def _snapshot(pool) -> list[torch.Tensor]:
-    return [b.clone() for b in pool.k_buffers + pool.v_buffers]
-
-
 def test_compiled_equals_eager_and_writes_only_own_slots(compiled):
     runner, graphs = compiled
     h = PoolHarness.on_runner(runner)
@@ -49,20 +46,7 @@ def test_compiled_equals_eager_and_writes_only_own_slots(compiled):
     # still hold the batch of 8's real requests and must be reset to the dummy request.
     for active in ([0], [0, 1, 2], list(range(8)), [5, 6, 7], [4]):
         fb = h.batch(ForwardMode.DECODE, [rows[i] for i in active], [[last[i]] for i in active])
-        eager = runner.run_model(fb).clone()  # writes this step's K/V into its slots
-        before = _snapshot(runner.token_to_kv_pool)
-        out = graphs.replay(fb).clone()  # writes the same K/V again, plus slot 0
-        after = _snapshot(runner.token_to_kv_pool)
-        assert out.shape == eager.shape
-        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-        assert out.argmax(-1).tolist() == eager.argmax(-1).tolist()
-        mine = fb.out_cache_loc
-        others = torch.ones(before[0].shape[0], dtype=torch.bool)
-        others[0] = False
-        others[mine] = False
-        for b, a in zip(before, after):
-            assert torch.equal(b[others], a[others])
-            torch.testing.assert_close(a[mine], b[mine], rtol=1e-5, atol=1e-5)
+        eager = replay_matches_eager(runner, graphs, fb)
         for i, tok in zip(active, eager.argmax(-1).tolist()):
             last[i] = tok
     assert graphs.padded_rows == 1 + 1  # 3 -> 4 twice
