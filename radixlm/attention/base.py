@@ -63,9 +63,7 @@ def create_attention_backend(name: str, device: torch.device | None = None,
         from radixlm.cpu_kernels.ops import decode_attention_available
         from radixlm.attention.torch_backend import TorchAttentionBackend
 
-        # The C++ decode kernel attends to every key: sliding-window models decode
-        # through the masked batched attention instead.
-        return TorchAttentionBackend(decode_kernel=device.type == "cpu" and not sliding_window
+        return TorchAttentionBackend(decode_kernel=device.type == "cpu"
                                      and decode_attention_available())
     if name == "triton":
         if not triton_available():

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
-from radixlm.cpu_kernels.ops import decode_attention
+from radixlm.cpu_kernels.ops import decode_attention_with_kv_write, paged_decode_attention
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
@@ -115,15 +115,20 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
         pool = fb.token_to_kv_pool
-        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv(layer.layer_id)
+        if fb.forward_mode.is_decode() and self.decode_kernel:
+            window = layer.sliding_window or 0
+            r2t = fb.req_to_token_pool.req_to_token
+            if torch.compiler.is_compiling():
+                pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+                return paged_decode_attention(q, k_buf, v_buf, r2t, fb.req_pool_indices,
+                                              fb.seq_lens, layer.scaling, window)
+            # Eagerly one call writes the KV and attends (no index_put dispatches).
+            return decode_attention_with_kv_write(q, k, v, k_buf, v_buf, fb.out_cache_loc, r2t,
+                                                  fb.req_pool_indices, fb.seq_lens,
+                                                  layer.scaling, window)
+        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         if fb.forward_mode.is_decode():
-            if self.decode_kernel:
-                # The kernel attends to every key (create_attention_backend builds this
-                # backend without it for sliding-window models).
-                assert layer.sliding_window is None, "the C++ decode kernel has no window"
-                return decode_attention(q, k_buf, v_buf, fb.req_to_token_pool.req_to_token,
-                                        fb.req_pool_indices, fb.seq_lens, layer.scaling)
             return self._decode(q, k_buf, v_buf, layer)
         return self._extend(q, k_buf, v_buf, layer, fb)
 

@@ -6,6 +6,12 @@
 //   req_to_token [R, C] int32     KV slot of position p of row r
 //   rows, lens   [B] int64        each request's req_to_token row and sequence length
 //   out          [B, H, D]        q's dtype
+//   window       a query at position L - 1 sees positions (L - 1 - window, L - 1]; 0 = all
+//   k, v, loc    optional: the step's own K/V [B, KVH, D] (rows may be strided), written
+//                into k_buf/v_buf at slot loc[b] (int64) before attending (the pool's
+//                set_kv fused in: each task writes the row of its own (request, KV head),
+//                the only one it then reads at position L - 1, so no task reads a row
+//                another task writes)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row, which is converted to float32 once (GQA without repeating K/V). Scores,
@@ -16,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -81,17 +88,41 @@ inline void softmax(float* __restrict s, int64_t L) {
   for (int64_t l = 0; l < L; ++l) s[l] *= inv;
 }
 
+// The step's K/V rows to write into the pool (KvWrite::k == nullptr: none).
+template <typename q_t>
+struct KvWrite {
+  const q_t* k = nullptr;
+  const q_t* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;  // between requests, in elements
+  const int64_t* loc = nullptr;
+};
+
 template <typename q_t, typename kv_t>
-void decode(const q_t* q, const kv_t* kb, const kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
+}
+
+// DC: head_dim known at compile time (64, 128: the inner loops then have constant trip
+// counts and unroll into whole vectors), 0 = D at run time.
+template <typename q_t, typename kv_t, int DC>
+void decode(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
             const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
-            int64_t KVH, int64_t D, float scale) {
+            int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
+  const int64_t D = DC ? DC : d_runtime;
   const int64_t G = H / KVH;
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), row(D), p;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
-      const int64_t L = lens[b];
-      const int32_t* slots = r2t + rows[b] * r2t_stride;
+      if (kv.k != nullptr) {
+        const int64_t slot = kv.loc[b];
+        write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+        write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+      }
+      // Positions [first, L) are visible: all of them, or the last `window`.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+      const int64_t L = lens[b] - first;
+      const int32_t* slots = r2t + rows[b] * r2t_stride + first;
       // Query heads h*G .. h*G+G-1 of request b, pre-scaled.
       const q_t* qb = q + (b * H + h * G) * D;
       to_float(qb, qf.data(), G * D);
@@ -121,15 +152,28 @@ void decode(const q_t* q, const kv_t* kb, const kv_t* vb, const int32_t* r2t, in
 }
 
 template <typename q_t>
-void dispatch_kv(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_buf,
                  const torch::Tensor& r2t, const torch::Tensor& rows, const torch::Tensor& lens,
-                 torch::Tensor& out, float scale) {
+                 torch::Tensor& out, float scale, int64_t window,
+                 const c10::optional<torch::Tensor>& k, const c10::optional<torch::Tensor>& v,
+                 const c10::optional<torch::Tensor>& loc) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
+  KvWrite<q_t> kv;
+  if (k.has_value()) {
+    kv = {k->data_ptr<q_t>(), v->data_ptr<q_t>(), k->stride(0), v->stride(0),
+          loc->data_ptr<int64_t>()};
+  }
   const auto run = [&](auto* kv_tag) {
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
-    decode<q_t, kv_t>(q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
-                      r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
-                      lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale);
+    const auto go = [&](auto dc) {
+      decode<q_t, kv_t, decltype(dc)::value>(
+          q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+          r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+          lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
+    };
+    if (D == 64) go(std::integral_constant<int, 64>{});
+    else if (D == 128) go(std::integral_constant<int, 128>{});
+    else go(std::integral_constant<int, 0>{});
   };
   switch (k_buf.scalar_type()) {
     case at::kFloat: run(static_cast<float*>(nullptr)); break;
@@ -143,7 +187,10 @@ void dispatch_kv(const torch::Tensor& q, const torch::Tensor& k_buf, const torch
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
                                      torch::Tensor req_to_token, torch::Tensor rows,
-                                     torch::Tensor lens, double scale) {
+                                     torch::Tensor lens, double scale, int64_t window,
+                                     c10::optional<torch::Tensor> k,
+                                     c10::optional<torch::Tensor> v,
+                                     c10::optional<torch::Tensor> loc) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(),
               "paged_decode_attention: q [B, H, D], k/v [S, KVH, D]");
   TORCH_CHECK(q.size(1) % k_buf.size(1) == 0 && q.size(2) == k_buf.size(2),
@@ -154,15 +201,29 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
               "paged_decode_attention: req_to_token int32 with contiguous rows");
   TORCH_CHECK(rows.scalar_type() == at::kLong && lens.scalar_type() == at::kLong,
               "paged_decode_attention: rows and lens int64");
+  TORCH_CHECK(window >= 0, "paged_decode_attention: window >= 0 (0 = none)");
+  TORCH_CHECK(k.has_value() == v.has_value() && k.has_value() == loc.has_value(),
+              "paged_decode_attention: k, v and loc together or not at all");
+  if (k.has_value()) {
+    const auto rows_of = [&](const torch::Tensor& t) {
+      return t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == k_buf.size(1)
+             && t.size(2) == k_buf.size(2) && t.stride(2) == 1 && t.stride(1) == t.size(2)
+             && t.scalar_type() == q.scalar_type();
+    };
+    TORCH_CHECK(rows_of(*k) && rows_of(*v),
+                "paged_decode_attention: k/v [B, KVH, D] of q's dtype, contiguous within a request");
+    TORCH_CHECK(loc->scalar_type() == at::kLong && loc->numel() == q.size(0) && loc->is_contiguous(),
+                "paged_decode_attention: loc [B] int64");
+  }
   auto qc = q.contiguous();
   auto rc = rows.contiguous();
   auto lc = lens.contiguous();
   auto out = torch::empty_like(qc);
   const float s = static_cast<float>(scale);
   switch (q.scalar_type()) {
-    case at::kFloat: dispatch_kv<float>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
-    case at::kBFloat16: dispatch_kv<c10::BFloat16>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
-    case at::kHalf: dispatch_kv<c10::Half>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s); break;
+    case at::kFloat: dispatch_kv<float>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
+    case at::kBFloat16: dispatch_kv<c10::BFloat16>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
+    case at::kHalf: dispatch_kv<c10::Half>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
     default: TORCH_CHECK(false, "paged_decode_attention: q dtype ", q.scalar_type());
   }
   return out;
@@ -170,5 +231,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over the paged KV pool (see the file's header).");
+        "Decode attention over the paged KV pool (see the file's header).", py::arg("q"),
+        py::arg("k_buf"), py::arg("v_buf"), py::arg("req_to_token"), py::arg("rows"),
+        py::arg("lens"), py::arg("scale"), py::arg("window") = 0, py::arg("k") = py::none(),
+        py::arg("v") = py::none(), py::arg("loc") = py::none());
 }

@@ -1,5 +1,6 @@
-// RMSNorm and rotary embedding for the CPU's eager forward: each is one pass over its rows
-// instead of the ~8 small torch ops the Python versions dispatch (rms_norm.py, rope.py).
+// RMSNorm (alone and after the residual add), rotary embedding and SiLU(gate) * up for the
+// CPU's eager forward: each is one pass over its rows instead of the small torch ops the
+// Python versions dispatch (rms_norm.py, rope.py, decoder.py).
 // Results equal those versions' rounding: float32 math, cast to the activation dtype at
 // the same points HF's Llama casts.
 #include <torch/extension.h>
@@ -7,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -66,6 +68,77 @@ void rms_norm_rows(const raw_t<T>* x, const raw_t<T>* w, raw_t<T>* out, int64_t 
       for (int64_t i = 0; i < n; ++i) {
         const float normed = E::load(E::store(E::load(xr[i]) * scale));
         o[i] = E::store(E::load(w[i]) * normed);
+      }
+    }
+  });
+}
+
+// sum[t] = cast(x[t] + delta[t]) (the residual add, rounded as torch's add rounds), then
+// out[t] = the RMSNorm of sum[t] as in rms_norm_rows.
+template <typename T>
+void add_rms_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const raw_t<T>* w, raw_t<T>* sum,
+                       raw_t<T>* out, int64_t rows, int64_t n, int64_t x_stride,
+                       int64_t d_stride, float eps) {
+  using E = Elem<T>;
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const raw_t<T>* __restrict xr = x + r * x_stride;
+      const raw_t<T>* __restrict dr = delta + r * d_stride;
+      raw_t<T>* __restrict sr = sum + r * n;
+      float ss = 0.f;
+      for (int64_t i = 0; i < n; ++i) {
+        const raw_t<T> s = E::store(E::load(xr[i]) + E::load(dr[i]));
+        sr[i] = s;
+        const float v = E::load(s);
+        ss += v * v;
+      }
+      const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+      raw_t<T>* __restrict o = out + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float normed = E::load(E::store(E::load(sr[i]) * scale));
+        o[i] = E::store(E::load(w[i]) * normed);
+      }
+    }
+  });
+}
+
+// exp(x) in float32 arithmetic the compiler vectorizes (std::exp is a scalar libm call):
+// exp(x) = 2^n * exp(r), x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-7 Taylor
+// polynomial (relative error < 1e-7); x clamped to [-87, 88], where float32's exp neither
+// underflows to subnormals nor overflows.
+inline float exp_approx(float x) {
+  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+  const float n = __builtin_roundf(x * 1.44269504f);
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 5040;
+  p = p * r + 1.f / 720;
+  p = p * r + 1.f / 120;
+  p = p * r + 1.f / 24;
+  p = p * r + 1.f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// out[t, i] = cast(cast(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]
+// (the rows of gate_up are [gate | up]; torch's F.silu(gate) * up rounds at those points).
+template <typename T>
+void silu_mul_rows(const raw_t<T>* gu, raw_t<T>* out, int64_t rows, int64_t inter,
+                   int64_t gu_stride) {
+  using E = Elem<T>;
+  at::parallel_for(0, rows, grain_rows(2 * inter), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const raw_t<T>* __restrict g = gu + r * gu_stride;
+      const raw_t<T>* __restrict u = g + inter;
+      raw_t<T>* __restrict o = out + r * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = E::load(g[i]);
+        const float act = E::load(E::store(x / (1.f + exp_approx(-x))));
+        o[i] = E::store(act * E::load(u[i]));
       }
     }
   });
@@ -144,7 +217,43 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int6
   return out;
 }
 
+// x, delta [T, n] (rows may be strided), weight [n], all of x's dtype -> (x + delta, RMSNorm
+// of it), both [T, n] contiguous.
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight,
+                                        double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && delta.sizes() == x.sizes() && delta.stride(1) == 1
+              && delta.scalar_type() == x.scalar_type() && weight.dim() == 1
+              && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type()
+              && weight.is_contiguous(),
+              "add_rms_norm: x, delta [T, n] with contiguous rows, weight [n], one dtype");
+  auto sum = torch::empty({x.size(0), x.size(1)}, x.options());
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  dispatch(x.scalar_type(), "add_rms_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    add_rms_norm_rows<T>(raw_ptr<T>(x), raw_ptr<T>(delta), raw_ptr<T>(weight), raw_ptr<T>(sum),
+                         raw_ptr<T>(out), x.size(0), x.size(1), x.stride(0), delta.stride(0),
+                         static_cast<float>(eps));
+  });
+  return {sum, out};
+}
+
+// gate_up [T, 2 * inter] (rows may be strided) -> silu(gate) * up [T, inter].
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up [T, 2 * inter] with contiguous rows");
+  const int64_t inter = gate_up.size(1) / 2;
+  auto out = torch::empty({gate_up.size(0), inter}, gate_up.options());
+  dispatch(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_rows<T>(raw_ptr<T>(gate_up), raw_ptr<T>(out), gate_up.size(0), inter,
+                     gate_up.stride(0));
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (see the file's header).");
   m.def("rotary", &rotary, "Neox rotary embedding of each head of each row.");
+  m.def("add_rms_norm", &add_rms_norm, "The residual add, then RMSNorm, of each row.");
+  m.def("silu_mul", &silu_mul, "SiLU(gate) * up of each row of [gate | up].");
 }

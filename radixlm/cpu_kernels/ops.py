@@ -1,7 +1,8 @@
 """The CPU kernels for callers: decode attention as a torch custom op
 (`radixlm::paged_decode_attention`, traceable by torch.compile: it has a fake
-implementation giving its output's shape), RMSNorm and RoPE for the eager forward only
-(under torch.compile inductor fuses the torch versions itself).
+implementation giving its output's shape) and, eagerly, with the pool's KV write fused
+in; RMSNorm (with the residual add), RoPE and SiLU * up for the eager forward only (under
+torch.compile inductor fuses the torch versions itself).
 
 Each `*_available()` / `eager_kernels()` says whether the kernel built on this machine;
 callers keep their torch code for when it did not.
@@ -20,32 +21,32 @@ def decode_attention_available() -> bool:
     return load_kernel("decode_attention") is not None
 
 
-def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """`paged_decode_attention`: the op while torch.compile traces, else the kernel called
-    directly (eagerly the op's dispatch through torch.library costs more than the kernel
-    at small batches)."""
-    if torch.compiler.is_compiling():
-        return paged_decode_attention(q, k_buf, v_buf, req_to_token, req_pool_indices,
-                                      seq_lens, scale)
+def decode_attention_with_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   k_buf: torch.Tensor, v_buf: torch.Tensor,
+                                   loc: torch.Tensor, req_to_token: torch.Tensor,
+                                   req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                                   scale: float, window: int = 0) -> torch.Tensor:
+    """Eager only: writes the step's k/v [B, KVH, D] into k_buf/v_buf at slots `loc` [B]
+    (the pool's set_kv), then `paged_decode_attention`, in one call of the kernel."""
     return load_kernel("decode_attention").paged_decode_attention(
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window, k, v, loc)
 
 
 @torch.library.custom_op("radixlm::paged_decode_attention", mutates_args=(), device_types="cpu")
 def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
     """Attention of each request's one query token q [B, H, D] over its first seq_lens[b]
-    positions, K/V read in place from one pool layer [S + 1, KVH, D] through
-    req_to_token[req_pool_indices[b]] (int32); returns [B, H, D] in q's dtype."""
+    positions (the last `window` of them; 0 = all), K/V read in place from one pool layer
+    [S + 1, KVH, D] through req_to_token[req_pool_indices[b]] (int32); returns [B, H, D]
+    in q's dtype. Compiled decode graphs hold this op (the KV write stays a separate
+    index_put there, which inductor generates itself)."""
     return load_kernel("decode_attention").paged_decode_attention(
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window)
 
 
 @paged_decode_attention.register_fake
-def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale):
+def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window=0):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

@@ -22,6 +22,7 @@ from radixlm import cpu_features
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
+from radixlm.cpu_kernels.build import load_all_kernels
 from radixlm.executor.compiled_graph import compiled_graph_factory
 from radixlm.executor.decode_graph_runner import DecodeGraphRunner, capture_batch_sizes
 from radixlm.executor.forward_batch import ForwardBatch
@@ -110,6 +111,8 @@ class ModelRunner:
             # This rank's GPU (set by init_tensor_parallel), named explicitly: the current
             # device is per thread, and the forward thread starts on cuda:0.
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cpu":
+            load_all_kernels()  # a first start on this CPU builds them here, not in a request
         self.dtype, self.dtype_reason = choose_dtype(args.dtype, self.device)
         logger.info("dtype %s -> %s (%s)", args.dtype, str(self.dtype).removeprefix("torch."),
                     self.dtype_reason)

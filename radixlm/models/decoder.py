@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.attention import RadixAttention
+from radixlm.cpu_kernels.ops import eager_kernels
 from radixlm.models.linear import (DenseLinear, LinearMethod, LinearPolicy, as_dense,
                                    make_linear_method)
 from radixlm.models.model_config import ModelConfig
@@ -83,7 +84,7 @@ class Attention(nn.Module):
             q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], -1)
             q = apply_rotary(self.q_norm(q.reshape(t, -1, d)).view(t, -1), *rope, d)
             k = apply_rotary(self.k_norm(k.reshape(t, -1, d)).view(t, -1), *rope, d)
-        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+        return self.o_proj(self.attn(q, k, v, forward_batch))
 
 
 class GatedMLP(nn.Module):
@@ -107,7 +108,11 @@ class GatedMLP(nn.Module):
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        kernels = None if self.gelu else eager_kernels(gate_up)
+        if kernels is not None:
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(act * up)
 
@@ -136,15 +141,27 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = make_rms_norm(h, eps, gemma)
         self.local = config.layer_window(layer_id) is not None
 
-    def forward(self, rope: Rope, hidden: torch.Tensor,
-                forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward(self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor | None,
+                forward_batch: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hidden state arrives as `hidden + residual` (residual None: `hidden`
+        alone) and leaves in the same form: a pre-norm layer returns (its MLP's output,
+        the residual stream before adding it), so that the add happens in the next
+        layer's input norm (`RMSNorm.add_forward`); a sandwich layer returns (the sum,
+        None)."""
         if self.sandwich:
+            if residual is not None:
+                hidden = residual + hidden
             attn = self.self_attn(rope, self.input_layernorm(hidden), forward_batch)
             hidden = hidden + self.post_attention_layernorm(attn)
             mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-            return hidden + self.post_feedforward_layernorm(mlp)
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), forward_batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+            return hidden + self.post_feedforward_layernorm(mlp), None
+        if residual is None:
+            residual, x = hidden, self.input_layernorm(hidden)
+        else:
+            residual, x = self.input_layernorm.add_forward(residual, hidden)
+        attn = self.self_attn(rope, x, forward_batch)
+        residual, x = self.post_attention_layernorm.add_forward(residual, attn)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -169,9 +186,11 @@ class DecoderModel(nn.Module):
         rope = self.rotary_emb(forward_batch.positions, hidden.dtype)
         local_rope = (self.local_rotary_emb(forward_batch.positions, hidden.dtype)
                       if self.local_rotary_emb is not None else rope)
+        residual = None
         for layer in self.layers:
-            hidden = layer(local_rope if layer.local else rope, hidden, forward_batch)
-        return hidden
+            hidden, residual = layer(local_rope if layer.local else rope, hidden, residual,
+                                     forward_batch)
+        return hidden if residual is None else residual + hidden
 
     def reset_rope(self) -> None:
         self.rotary_emb.reset_cache()

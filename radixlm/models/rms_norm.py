@@ -2,7 +2,8 @@
 and Gemma's (* (1 + w) in float32, then cast).
 
 On the CPU's eager forward one C++ pass per row (`cpu_kernels/norm_rope.cpp`, same
-rounding points) replaces the eight small ops below."""
+rounding points) replaces the eight small ops below, and `add_forward` also takes in the
+residual add before the norm."""
 
 from __future__ import annotations
 
@@ -27,6 +28,17 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         # Cast before multiplying by the weight: in bf16 this rounds exactly like HF.
         return self.weight * x32.to(dtype)
+
+    def add_forward(self, residual: torch.Tensor,
+                    delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, its RMSNorm): a pre-norm block's residual add and the next
+        block's input norm, in one pass where the kernel applies."""
+        kernels = eager_kernels(residual)
+        if kernels is not None and self.weight.dtype == residual.dtype == delta.dtype:
+            summed, normed = kernels.add_rms_norm(residual, delta, self.weight, self.eps)
+            return summed, normed
+        summed = residual + delta
+        return summed, self(summed)
 
 
 class GemmaRMSNorm(nn.Module):

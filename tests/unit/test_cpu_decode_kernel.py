@@ -6,20 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.cpu_kernels.ops import decode_attention_available, paged_decode_attention
+from radixlm.cpu_kernels.ops import (decode_attention_available, decode_attention_with_kv_write,
+                                     paged_decode_attention)
 from radixlm.attention.torch_backend import TorchAttentionBackend
 
 pytestmark = pytest.mark.skipif(not decode_attention_available(),
                                 reason="the C++ CPU kernel did not build (needs g++ and ninja)")
 
 
-def _reference(q, k_buf, v_buf, req_to_token, rows, lens, scale):
-    """Per request and head, softmax(q k^T * scale) v in float64, GQA by head groups."""
+def _reference(q, k_buf, v_buf, req_to_token, rows, lens, scale, window=0):
+    """Per request and head, softmax(q k^T * scale) v in float64, GQA by head groups, over
+    the last `window` positions (0: all)."""
     b, heads, d = q.shape
     group = heads // k_buf.shape[1]
     out = torch.empty(b, heads, d, dtype=torch.float64)
     for i in range(b):
-        slots = req_to_token[rows[i], :lens[i]].long()
+        first = max(0, int(lens[i]) - window) if window else 0
+        slots = req_to_token[rows[i], first:lens[i]].long()
         k = k_buf[slots].double()  # [L, kvh, d]
         v = v_buf[slots].double()
         for h in range(heads):
@@ -55,6 +58,40 @@ def test_kernel_matches_reference(dtype, tol, heads, kvh, d):
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("window", [1, 7, 1000])
+def test_kernel_sliding_window_matches_reference(window):
+    """A query at position L - 1 sees (L - 1 - window, L - 1]: Gemma 3's local layers."""
+    q, k_buf, v_buf, r2t, rows, lens = _case(6, 8, 2, 32, torch.float32, 40, seed=window)
+    out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, 32 ** -0.5, window)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, 32 ** -0.5, window)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    if window < 40:  # the window really cut something off
+        full = _reference(q, k_buf, v_buf, r2t, rows, lens, 32 ** -0.5)
+        assert not torch.allclose(full, ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("act,pool", [(torch.float32, torch.float32),
+                                      (torch.bfloat16, torch.bfloat16),
+                                      (torch.float32, torch.bfloat16)])
+def test_kv_write_fused_equals_set_kv_then_attention(act, pool):
+    """The eager call writes the step's K/V (strided views of the projection output,
+    cast to the pool's dtype) at `loc` and nowhere else, then attends over them."""
+    b, heads, kvh, d = 4, 6, 2, 16
+    q, k_buf, v_buf, r2t, rows, lens = _case(b, heads, kvh, d, pool, 24, seed=7)
+    q = q.to(act)
+    loc = torch.stack([r2t[rows[i], lens[i] - 1] for i in range(b)]).long()
+    g = torch.Generator().manual_seed(8)
+    qkv = torch.randn(b, (heads + 2 * kvh) * d + 5, generator=g).to(act)
+    k = qkv[:, heads * d:(heads + kvh) * d].view(b, kvh, d)
+    v = qkv[:, (heads + kvh) * d:(heads + 2 * kvh) * d].view(b, kvh, d)
+    k_ref, v_ref = k_buf.clone(), v_buf.clone()
+    k_ref[loc], v_ref[loc] = k.to(pool), v.to(pool)  # the pool's set_kv
+    ref = paged_decode_attention(q, k_ref, v_ref, r2t, rows, lens, 0.25)
+    out = decode_attention_with_kv_write(q, k, v, k_buf, v_buf, loc, r2t, rows, lens, 0.25)
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)  # only loc rewritten
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_kernel_reads_only_the_requests_slots():
     """Poisoning every slot outside the requests' first seq_len positions changes nothing."""
     q, k_buf, v_buf, r2t, rows, lens = _case(3, 4, 2, 16, torch.float32, 20, seed=1)
@@ -78,21 +115,24 @@ def test_kernel_accepts_a_strided_query():
                                paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, 0.25))
 
 
-def test_backend_decode_equals_the_gather_path():
+@pytest.mark.parametrize("window", [None, 5])
+def test_backend_decode_equals_the_gather_path(window):
     """The torch backend with the kernel and without it (its gather + matmul fallback)
-    give the same decode attention."""
+    give the same decode attention and leave the same pool (the step's K/V written)."""
     from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
     from radixlm.mem import ReqToTokenPool, TokenToKVPool
 
     class _Layer:
         layer_id, num_heads, num_kv_heads, head_dim, scaling = 0, 4, 2, 16, 0.25
-        sliding_window = None  # RadixAttention's: full attention
+        sliding_window = window  # RadixAttention's (None: full attention)
 
     q, k_buf, v_buf, r2t, rows, lens = _case(4, 4, 2, 16, torch.float32, 30, seed=3)
     r2t_pool = ReqToTokenPool(r2t.shape[0] - 1, r2t.shape[1])
     r2t_pool.req_to_token.copy_(r2t)
     kv = TokenToKVPool(k_buf.shape[0] - 1, 1, 2, 16, torch.float32)
-    outs = []
+    outs, pools = [], []
+    k_new = torch.randn(4, 2, 16, generator=torch.Generator().manual_seed(4))
+    v_new = torch.randn(4, 2, 16, generator=torch.Generator().manual_seed(5))
     for kernel in (True, False):
         kv.k_buffers[0].copy_(k_buf)
         kv.v_buffers[0].copy_(v_buf)
@@ -106,5 +146,8 @@ def test_backend_decode_equals_the_gather_path():
         backend = TorchAttentionBackend(decode_kernel=kernel)
         assert backend.supports_decode_graphs is kernel
         backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, k_buf[loc], v_buf[loc], _Layer(), fb))
+        outs.append(backend.forward(q, k_new, v_new, _Layer(), fb))
+        pools.append((kv.k_buffers[0].clone(), kv.v_buffers[0].clone()))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(*pools))
+    assert torch.equal(pools[0][0][loc], k_new)

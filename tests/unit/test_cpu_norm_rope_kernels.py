@@ -1,6 +1,7 @@
-"""The eager CPU RMSNorm and RoPE kernels (cpu_kernels/norm_rope.cpp) give the torch
-code's results (rms_norm.py, rope.py): exactly up to float32 summation order, and to the
-same bf16 rounding points."""
+"""The eager CPU RMSNorm (alone and with the residual add), RoPE and SiLU * up kernels
+(cpu_kernels/norm_rope.cpp) give the torch code's results (rms_norm.py, rope.py,
+decoder.py's GatedMLP; the model logit tests run whole models through them): exactly up to float32 summation order, and to the same bf16
+rounding points."""
 
 from __future__ import annotations
 
@@ -36,6 +37,46 @@ def test_rms_norm_matches_torch(monkeypatch, dtype, ulps, rows):
         ref = norm(x)
     assert out.dtype == dtype and out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=ulps, atol=ulps)
+    if dtype is torch.bfloat16:  # the same rounding points: nearly every element equal
+        assert (out != ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype,ulps", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_add_rms_norm_matches_torch(monkeypatch, dtype, ulps, rows):
+    g = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(576, generator=g))
+    residual = (3 * torch.randn(rows, 576, generator=g)).to(dtype)
+    delta = torch.randn(rows, 900, generator=g).to(dtype)[:, 100:676]  # strided rows
+    with torch.no_grad():
+        summed, normed = norm.add_forward(residual, delta)
+        _torch_path(monkeypatch, rms_norm_mod)
+        ref_sum, ref_normed = norm.add_forward(residual, delta)
+    torch.testing.assert_close(summed, ref_sum, rtol=0, atol=0)  # one rounded add: exact
+    torch.testing.assert_close(normed, ref_normed, rtol=ulps, atol=ulps)
+    assert not torch.equal(summed, residual)  # the add happened (the inputs are untouched)
+    if dtype is torch.bfloat16:
+        assert (normed != ref_normed).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_silu_mul_matches_torch(dtype, rows):
+    """kernels.silu_mul([gate | up]) == F.silu(gate) * up, GatedMLP's torch code (gates
+    from -40 to 40: both tails of the sigmoid, rows strided)."""
+    g = torch.Generator().manual_seed(rows)
+    inter = 1536
+    wide = torch.randn(rows, 2 * inter + 64, generator=g)
+    wide[:, :inter] *= 8
+    wide[0, :5] = torch.tensor([-40.0, -20.0, 0.0, 20.0, 40.0])
+    gate_up = wide.to(dtype)[:, :2 * inter]
+    out = load_kernel("norm_rope").silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    tol = 1e-6 if dtype is torch.float32 else 1e-2
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     if dtype is torch.bfloat16:  # the same rounding points: nearly every element equal
         assert (out != ref).float().mean() < 0.01
 
