@@ -1,5 +1,5 @@
 """Host allocator settings for a compute process (the scheduler, a TP rank, the offline
-Engine) on Linux with glibc.
+Engine) on Linux with glibc, and the release of its free heap when idle.
 
 glibc serves every allocation above its mmap threshold (128 KiB, raised dynamically up to
 32 MiB as large blocks are freed) with a fresh mmap, and returns freed memory past the
@@ -40,3 +40,19 @@ def tune_host_malloc() -> bool:
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     logger.debug("host malloc thresholds set: %s", ok)
     return ok
+
+
+def release_free_heap() -> bool:
+    """Return the free memory glibc keeps (up to TRIM_THRESHOLD at each heap's top, and
+    free pages inside the heaps, which the allocator's fragmentation leaves) to the
+    kernel: `malloc_trim(0)`. The scheduler calls it once it has been idle for a while
+    after running batches, so that a server at rest holds only what it uses; the next
+    forward then pays its page faults again, once. True if memory was released."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(trim(0))

@@ -34,6 +34,7 @@ from radixlm.bench.serve_client import Target, model_name, send_request
 from radixlm.bench.serve_load import LoadConfig, run_load
 from radixlm.bench.serve_metrics import compute_metrics
 from radixlm.bench.hf_baseline import HFBaseline
+from radixlm.bench.proc_stats import cpu_delta, cpu_seconds, server_processes
 from radixlm.bench.server_proc import (LaunchedServer, ServerSpec, find_llama_server,
                                        llama_server_spec, radixlm_spec)
 from radixlm.bench.serve_hf import BASELINE_NAME, resolve_baseline_dtype, run_hf_requests
@@ -137,8 +138,11 @@ async def _server_pool(client: httpx.AsyncClient, target: Target) -> dict[str, A
 
 
 async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConfig,
-                    tokenizer: Any, num_warmup: int) -> dict[str, Any]:
-    """Warm up, (radixlm: flush the cache), run the load; the metrics and details."""
+                    tokenizer: Any, num_warmup: int,
+                    server_pid: int | None = None) -> dict[str, Any]:
+    """Warm up, (radixlm: flush the cache), run the load; the metrics and details, and,
+    given the server's pid, the CPU seconds each of its processes and this client used
+    during the load (`cpu_s`: where a CPU's time went)."""
     def count(text: str) -> int:  # prompt tokens of a later turn of a conversation
         return len(tokenizer.encode(text, add_special_tokens=False))
 
@@ -162,7 +166,11 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
         if target.backend == "radixlm":
             await _flush_cache(client, target)
             pool_before = await _server_pool(client, target)
+        procs = server_processes(server_pid) if server_pid else {}
+        cpu_before, client_before = cpu_seconds(procs), time.process_time()
         results, duration = await run_load(client, target, requests, load, count)
+        cpu = {**cpu_delta(cpu_before, cpu_seconds(procs)),
+               "client": round(time.process_time() - client_before, 3)} if procs else None
         pool_after = await _server_pool(client, target) if target.backend == "radixlm" else None
     metrics = compute_metrics(results, duration)
     errors = sorted({r.error for r in results if not r.success})
@@ -171,7 +179,7 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
                "output_lens": [r.output_len for r in results],
                "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
                "e2e_latencies": [r.latency for r in results], "errors": errors}
-    extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5]}
+    extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5], "cpu_s": cpu}
     if pool_before is not None and pool_after is not None:
         # The scheduler's own count over this run (it counts in tokens it tokenized).
         prompt = pool_after["prompt_tokens_total"] - pool_before["prompt_tokens_total"]
@@ -206,13 +214,16 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
                     if server is not None and server.spec.restart_to_flush:
                         server.restart()  # every run starts with empty caches
                     t0 = time.perf_counter()
-                    m = asyncio.run(bench_one(target, requests, load, tokenizer, cfg.num_warmup))
+                    m = asyncio.run(bench_one(target, requests, load, tokenizer, cfg.num_warmup,
+                                              server.proc.pid if server else None))
                     rec = _record(cfg, target, conc, r, m, machine)
                     records.append(rec)
+                    cpu = ", ".join(f"{k} {v:.1f}" for k, v in (m["cpu_s"] or {}).items())
                     log(f"[repeat {r + 1}/{cfg.repeat}, concurrency {conc or 'inf'}] "
                         f"{target.name}: {m['output_throughput']:.1f} out tok/s, "
                         f"median TTFT {m['median_ttft_ms']:.0f} ms, median ITL "
-                        f"{m['median_itl_ms']:.0f} ms ({time.perf_counter() - t0:.0f} s)")
+                        f"{m['median_itl_ms']:.0f} ms ({time.perf_counter() - t0:.0f} s"
+                        + (f"; CPU s over {m['duration']:.1f} s: {cpu}" if cpu else "") + ")")
                     _append(cfg, rec)
                 if hf is not None:  # the servers are idle meanwhile
                     m = run_hf_requests(hf, requests, tokenizer, conc)

@@ -31,6 +31,9 @@ from typing import Any
 
 import httpx
 
+from radixlm.bench.proc_stats import rss_mib, server_processes
+
+IDLE_RSS_WAIT_S = 2.5
 KINDS = {"stream": 0.35, "unary": 0.25, "cancel": 0.2, "bad": 0.15, "timeout": 0.05}
 BAD_BODIES: list[tuple[str, Any]] = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": -3}),
@@ -70,6 +73,7 @@ class IdleCheck:
     held_by_requests: int
     total_kv_slots: int
     invariant_error: str | None
+    rss_mib: dict[str, float] = field(default_factory=dict)  # by role, at rest
 
 
 @dataclass
@@ -91,29 +95,6 @@ class SoakResult:
         return json.dumps({"config": self.config, "windows": [asdict(w) for w in self.windows],
                            "idle_checks": [asdict(c) for c in self.idle_checks],
                            "totals": self.totals, "failures": self.failures})
-
-
-def process_rss_mib(pid: int) -> dict[str, float]:
-    """RSS in MiB of `pid` and each of its descendants, by 'name[pid]'."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return {}
-    out = {}
-    for p in procs:
-        try:
-            name = p.name()
-            if name.startswith("python"):
-                cmd = p.cmdline()
-                name = "api" if p.pid == pid else (
-                    "scheduler" if any("scheduler" in c for c in cmd) else "child")
-            out[f"{name}[{p.pid}]"] = p.memory_info().rss / 2**20
-        except psutil.Error:
-            continue
-    return out
 
 
 class _Run:
@@ -230,9 +211,13 @@ class _Run:
                 if pool["running"] == 0 and pool["waiting"] == 0:
                     break
                 await asyncio.sleep(0.05)
+            # RSS at rest: after the scheduler's first idle poll period (~1 s), in which
+            # it hands its free heap back (Scheduler.on_idle).
+            await asyncio.sleep(IDLE_RSS_WAIT_S)
+            rss = rss_mib(server_processes(self.cfg.server_pid)) if self.cfg.server_pid else {}
             return IdleCheck(t_s, pool["free_kv_slots"], pool["held_by_cache"],
                              pool["held_by_requests"], pool["total_kv_slots"],
-                             pool["invariant_error"])
+                             pool["invariant_error"], rss)
         finally:
             self.running.set()
 
@@ -240,7 +225,7 @@ class _Run:
         lat = sorted(self.latencies)
         p50 = statistics.median(lat) if lat else None
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None
-        rss = process_rss_mib(self.cfg.server_pid) if self.cfg.server_pid else {}
+        rss = rss_mib(server_processes(self.cfg.server_pid)) if self.cfg.server_pid else {}
         w = Window(t_s, rss, dict(self.window_outcomes), p50, p99)
         self.window_outcomes, self.latencies = Counter(), []
         return w
@@ -284,7 +269,8 @@ def run_soak(cfg: SoakConfig, log=print) -> SoakResult:
 
 
 def plot_soak(result: SoakResult, path: str) -> str:
-    """Three panels over time: RSS per process, p99 latency, idle KV slots."""
+    """Three panels over time: RSS per process (under load, and at rest at the idle
+    checks), p99 latency, idle KV slots."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,10 +278,17 @@ def plot_soak(result: SoakResult, path: str) -> str:
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     ws = result.windows
-    names = sorted({n for w in ws for n in w.rss_mib})
+    # The server's own processes: those in at least half of the windows (not the
+    # compiler a first start runs to build the C++ kernels, say).
+    seen = Counter(n for w in ws for n in w.rss_mib)
+    names = sorted(n for n, k in seen.items() if 2 * k >= len(ws))
     for n in names:
         axes[0].plot([w.t_s for w in ws if n in w.rss_mib], [w.rss_mib[n] for w in ws
                                                               if n in w.rss_mib], label=n)
+    for n in names:  # the same processes at rest (idle checks), as markers
+        pts = [(c.t_s, c.rss_mib[n]) for c in result.idle_checks if n in c.rss_mib]
+        if pts:
+            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "x", label=f"{n} at rest")
     axes[0].set_ylabel("RSS (MiB)")
     if names:
         axes[0].legend(fontsize=7)

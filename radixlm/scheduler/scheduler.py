@@ -92,6 +92,7 @@ from radixlm.constrained.step_mask import GrammarStep
 from radixlm.executor.forward_batch import ForwardMode
 from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
+from radixlm.host_malloc import release_free_heap
 from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
@@ -146,6 +147,9 @@ class Scheduler:
         self.min_new_token_ratio = min_new_token_ratio
         self.new_token_ratio_decay = new_token_ratio_decay
         self.new_token_ratio = init_new_token_ratio
+        # Batches ran since the free heap was last released (`on_idle`).
+        self.heap_dirty = False
+        self.heap_releases = 0
         self.runner = runner
         self.page_size = runner.allocator.page_size
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
@@ -459,11 +463,21 @@ class Scheduler:
         logger.info("retracted %s (%d output tokens) to free KV slots", victim.rid,
                     len(victim.output_ids))
 
+    def on_idle(self) -> None:
+        """The loop found nothing to do for a whole poll period (about a second): if
+        batches ran since the last time, give the allocator's free heap back to the OS
+        (the activations of those forwards; host_malloc.release_free_heap), once."""
+        if self.heap_dirty and not self.has_work():
+            self.heap_dirty = False
+            self.heap_releases += 1
+            release_free_heap()
+
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         """Hand `batch` to the forward worker and do at once every bookkeeping step that
         does not depend on its sampled tokens. Mutates: kv_len (`commit_kv`), the radix
         cache (the extends' prompt KV), `running` / `waiting` (finished prefills join
         running, unfinished chunks go back to the head of the queue)."""
+        self.heap_dirty = True
         batch.commit_kv()
         if batch.forward_mode.is_extend():  # EXTEND, or MIXED (prefills + running decodes)
             extends = batch.extend_reqs

@@ -159,3 +159,25 @@ def test_flush_cache_refused_while_busy_then_empties_the_cache(engine):
     assert ok.success
     assert engine.scheduler.tree_cache.total_size() == 0
     assert engine.scheduler.runner.allocator.available_size() == 2048
+
+
+def test_idle_scheduler_releases_the_free_heap_once_after_work(engine, monkeypatch):
+    """on_idle (the serving loop calls it after a poll period without work) gives the
+    heap back once per burst of batches, never while there is work."""
+    import radixlm.scheduler.scheduler as sched_mod
+
+    calls = []
+    monkeypatch.setattr(sched_mod, "release_free_heap", lambda: calls.append(1) or True)
+    sched = engine.scheduler
+    engine.generate(prompts(2, seed=9), greedy(4))
+    sched.on_idle()
+    sched.on_idle()  # nothing ran since: no second release
+    assert len(calls) == 1
+    rid = engine.submit(prompts(1, seed=10)[0], greedy(3))
+    sched.on_idle()  # waiting work: not idle
+    assert len(calls) == 1
+    while not engine.result(rid)["finished"]:
+        engine.step()
+    engine.pop_result(rid)
+    sched.on_idle()
+    assert len(calls) == 2
