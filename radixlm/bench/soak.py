@@ -268,6 +268,13 @@ def run_soak(cfg: SoakConfig, log=print) -> SoakResult:
     return asyncio.run(run_soak_async(cfg, log))
 
 
+def long_lived_processes(windows: list[Window]) -> list[str]:
+    """The server's own processes: those in at least half of the windows (not the
+    compiler a first start on a new machine runs to build the C++ kernels, say)."""
+    seen = Counter(n for w in windows for n in w.rss_mib)
+    return sorted(n for n, k in seen.items() if 2 * k >= len(windows))
+
+
 def plot_soak(result: SoakResult, path: str) -> str:
     """Three panels over time: RSS per process (under load, and at rest at the idle
     checks), p99 latency, idle KV slots."""
@@ -278,10 +285,7 @@ def plot_soak(result: SoakResult, path: str) -> str:
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     ws = result.windows
-    # The server's own processes: those in at least half of the windows (not the
-    # compiler a first start runs to build the C++ kernels, say).
-    seen = Counter(n for w in ws for n in w.rss_mib)
-    names = sorted(n for n, k in seen.items() if 2 * k >= len(ws))
+    names = long_lived_processes(ws)
     for n in names:
         axes[0].plot([w.t_s for w in ws if n in w.rss_mib], [w.rss_mib[n] for w in ws
                                                               if n in w.rss_mib], label=n)

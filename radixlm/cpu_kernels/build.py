@@ -35,6 +35,8 @@ CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno
 
 def _build_key(source: Path) -> str:
     h = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # what the sources may include
+        h.update(header.read_bytes())
     h.update(torch.__version__.encode())
     h.update(" ".join(CFLAGS).encode())
     h.update(cpu_features.machine_key().encode())

@@ -25,6 +25,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "fast_exp.h"
+
 namespace {
 
 template <typename T>
@@ -37,26 +39,6 @@ inline void to_float(const c10::BFloat16* x, float* y, int64_t d) {
   const uint16_t* u = reinterpret_cast<const uint16_t*>(x);
   uint32_t* o = reinterpret_cast<uint32_t*>(y);
   for (int64_t i = 0; i < d; ++i) o[i] = static_cast<uint32_t>(u[i]) << 16;
-}
-
-// exp(x) for x <= 0 (scores minus their maximum), as float32 bit arithmetic the compiler
-// vectorizes (std::exp is a scalar libm call): exp(x) = 2^n * exp(r), x = n ln2 + r with
-// |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error < 2e-7).
-inline float exp_nonpositive(float x) {
-  x = x < -87.f ? -87.f : x;  // below this exp underflows to 0 in float32 anyway
-  const float n = __builtin_roundf(x * 1.44269504f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t d) {
@@ -81,7 +63,7 @@ inline void softmax(float* __restrict s, int64_t L) {
   for (int64_t l = 0; l < L; ++l) m = s[l] > m ? s[l] : m;
   float sum = 0.f;
   for (int64_t l = 0; l < L; ++l) {
-    s[l] = exp_nonpositive(s[l] - m);
+    s[l] = exp_approx(s[l] - m);
     sum += s[l];
   }
   const float inv = L > 0 ? 1.f / sum : 0.f;

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fast_exp.h"
+
 namespace {
 
 // Rows per task: small batches stay on the calling thread (no parallel region).
@@ -50,31 +52,33 @@ const raw_t<T>* raw_ptr(const torch::Tensor& t) { return reinterpret_cast<const 
 template <typename T>
 raw_t<T>* raw_ptr(torch::Tensor& t) { return reinterpret_cast<raw_t<T>*>(t.data_ptr<T>()); }
 
-// out[t] = weight * cast(x[t] * rsqrt(mean(x[t]^2) + eps)), x in float32 (HF's order).
+// o = weight * cast(x * rsqrt(mean(x^2) + eps)) of one row x [n], in float32 (HF's order).
+template <typename T>
+inline void rms_norm_row(const raw_t<T>* __restrict x, const raw_t<T>* __restrict w,
+                         raw_t<T>* __restrict o, int64_t n, float eps) {
+  using E = Elem<T>;
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = E::load(x[i]);
+    ss += v * v;
+  }
+  const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float normed = E::load(E::store(E::load(x[i]) * scale));
+    o[i] = E::store(E::load(w[i]) * normed);
+  }
+}
+
 template <typename T>
 void rms_norm_rows(const raw_t<T>* x, const raw_t<T>* w, raw_t<T>* out, int64_t rows, int64_t n,
                    int64_t x_stride, float eps) {
-  using E = Elem<T>;
   at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const raw_t<T>* __restrict xr = x + r * x_stride;
-      float ss = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = E::load(xr[i]);
-        ss += v * v;
-      }
-      const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-      raw_t<T>* __restrict o = out + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const float normed = E::load(E::store(E::load(xr[i]) * scale));
-        o[i] = E::store(E::load(w[i]) * normed);
-      }
-    }
+    for (int64_t r = begin; r < end; ++r) rms_norm_row<T>(x + r * x_stride, w, out + r * n, n, eps);
   });
 }
 
 // sum[t] = cast(x[t] + delta[t]) (the residual add, rounded as torch's add rounds), then
-// out[t] = the RMSNorm of sum[t] as in rms_norm_rows.
+// out[t] = the RMSNorm of sum[t].
 template <typename T>
 void add_rms_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const raw_t<T>* w, raw_t<T>* sum,
                        raw_t<T>* out, int64_t rows, int64_t n, int64_t x_stride,
@@ -85,43 +89,10 @@ void add_rms_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const raw_t<T>*
       const raw_t<T>* __restrict xr = x + r * x_stride;
       const raw_t<T>* __restrict dr = delta + r * d_stride;
       raw_t<T>* __restrict sr = sum + r * n;
-      float ss = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        const raw_t<T> s = E::store(E::load(xr[i]) + E::load(dr[i]));
-        sr[i] = s;
-        const float v = E::load(s);
-        ss += v * v;
-      }
-      const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-      raw_t<T>* __restrict o = out + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const float normed = E::load(E::store(E::load(sr[i]) * scale));
-        o[i] = E::store(E::load(w[i]) * normed);
-      }
+      for (int64_t i = 0; i < n; ++i) sr[i] = E::store(E::load(xr[i]) + E::load(dr[i]));
+      rms_norm_row<T>(sr, w, out + r * n, n, eps);
     }
   });
-}
-
-// exp(x) in float32 arithmetic the compiler vectorizes (std::exp is a scalar libm call):
-// exp(x) = 2^n * exp(r), x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-7 Taylor
-// polynomial (relative error < 1e-7); x clamped to [-87, 88], where float32's exp neither
-// underflows to subnormals nor overflows.
-inline float exp_approx(float x) {
-  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
-  const float n = __builtin_roundf(x * 1.44269504f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.f / 5040;
-  p = p * r + 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 // out[t, i] = cast(cast(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]

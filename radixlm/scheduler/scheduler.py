@@ -149,7 +149,6 @@ class Scheduler:
         self.new_token_ratio = init_new_token_ratio
         # Batches ran since the free heap was last released (`on_idle`).
         self.heap_dirty = False
-        self.heap_releases = 0
         self.runner = runner
         self.page_size = runner.allocator.page_size
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
@@ -469,7 +468,6 @@ class Scheduler:
         (the activations of those forwards; host_malloc.release_free_heap), once."""
         if self.heap_dirty and not self.has_work():
             self.heap_dirty = False
-            self.heap_releases += 1
             release_free_heap()
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
