@@ -14,14 +14,11 @@ PY=${PY:-$HERE/.venv/bin/python}
 OUT=${OUT:-bench_out/ab_one_batch.jsonl}
 REPEAT=${REPEAT:-3}
 mkdir -p "$(dirname "$OUT")"
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-grep -m1 "model name" /proc/cpuinfo
-grep -o -w -E "avx2|avx512f|avx512_bf16|amx_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+. scripts/quiet.sh
+machine_header
 for i in $(seq "$REPEAT"); do
   for tree in "$HERE" "$BASE"; do
-    if [ -n "${QUIET:-}" ]; then
-      for _ in $(seq 300); do awk -v q="$QUIET" '{exit !($1 < q)}' /proc/loadavg && break; sleep 1; done
-    fi
+    quiet
     echo "== round $i: $tree (load $(cut -d' ' -f1 /proc/loadavg))"
     tmp=$(mktemp)
     (cd "$tree" && PYTHONPATH="$tree" "$PY" -m radixlm bench one-batch --output-file "$tmp" "$@" \

@@ -20,17 +20,8 @@ R=${R:-.venv/bin/radixlm}
 OUT=${OUT:-bench_out/cpu_fast_path.jsonl}
 REPEAT=${REPEAT:-3}
 mkdir -p "$(dirname "$OUT")"
-quiet() {
-  [ -n "${QUIET:-}" ] || return 0
-  for _ in $(seq 300); do
-    awk -v q="$QUIET" '{exit !($1 < q)}' /proc/loadavg && break
-    sleep 1
-  done
-  echo "(load average $(cut -d' ' -f1 /proc/loadavg) at the start)"
-}
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-grep -m1 "model name" /proc/cpuinfo
-grep -m1 -o -w -E "avx2|avx512f|avx512_bf16|amx_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+. scripts/quiet.sh
+machine_header
 
 declare -A FORMATS=(
   [f32]="--dtype float32 --engine-arg quantization=none"

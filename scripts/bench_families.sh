@@ -18,15 +18,8 @@ OUTPUT_LEN=${OUTPUT_LEN:-64}
 N1=${N1:-4}  # requests of the batch-1 runs
 MOE=${MOE:-bench_out/tiny-moe}
 mkdir -p "$(dirname "$OUT")"
-quiet() {
-  [ -n "${QUIET:-}" ] || return 0
-  for _ in $(seq 300); do
-    awk -v q="$QUIET" '{exit !($1 < q)}' /proc/loadavg && break
-    sleep 1
-  done
-}
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-grep -m1 "model name" /proc/cpuinfo
+. scripts/quiet.sh
+machine_header
 GEMMA=$($PY -c "from radixlm.models.packaged import gemma3_270m_gguf; print(gemma3_270m_gguf())")
 [ -d "$MOE" ] || $PY scripts/random_moe.py --out "$MOE"
 for model in "$GEMMA" "$MOE"; do
