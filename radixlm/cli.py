@@ -11,7 +11,7 @@ from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 
 def _serve(ns: argparse.Namespace) -> None:
     from radixlm.models import ModelNotFoundError
-    from radixlm.process_utils import setup_logging
+    from radixlm.runtime.process_utils import setup_logging
     from radixlm.router.launch_dp import DPLaunchError, launch_dp
     from radixlm.server.launch import LaunchError, launch_server
 
@@ -31,7 +31,7 @@ def _serve(ns: argparse.Namespace) -> None:
 
 def _generate(ns: argparse.Namespace) -> None:
     from radixlm.engine import Engine
-    from radixlm.process_utils import setup_logging
+    from radixlm.runtime.process_utils import setup_logging
     from radixlm.sampling_params import SamplingParams
 
     args = from_cli_args(ns)
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    from radixlm.mem.memory_cli import add_memory_parser
+    from radixlm.planning.memory_cli import add_memory_parser
 
     add_memory_parser(sub)
 

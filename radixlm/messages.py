@@ -152,7 +152,7 @@ class SchedulerReady:
     max_running_requests: int
     context_len: int
     vocab_size: int
-    # The MemoryPlan the pools were allocated from (radixlm.mem.planner; /get_server_info
+    # The MemoryPlan the pools were allocated from (radixlm.planning.planner; /get_server_info
     # and /metrics show it). None from engines that do not plan.
     memory_plan: Any = None
     # Decode batch sizes replayed from CUDA graphs (None: graphs off).

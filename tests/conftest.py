@@ -25,9 +25,9 @@ torch.set_num_threads(TEST_THREADS)
 def machine_independent_defaults():
     """The suite does not depend on the machine it runs on: `--dtype auto` resolves as on
     a CPU without native bf16 (float32) whatever this CPU has; the tests of that choice
-    patch radixlm.cpu_features themselves. Servers started as subprocesses (tests/e2e)
+    patch radixlm.runtime.cpu_features themselves. Servers started as subprocesses (tests/e2e)
     see the real machine."""
-    from radixlm import cpu_features
+    from radixlm.runtime import cpu_features
 
     mp = pytest.MonkeyPatch()
     mp.setattr(cpu_features, "cpu_flags", lambda: frozenset())

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from radixlm.attention import create_attention_backend
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
 from radixlm.models import ModelConfig
 

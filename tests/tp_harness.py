@@ -19,7 +19,7 @@ import torch.multiprocessing as tmp
 
 from radixlm.messages import BatchTokenIDOut, TokenizedGenerateReq
 from radixlm.sampling_params import SamplingParams
-from radixlm.scheduler.tp_ranks import StepInputs, run_loop
+from radixlm.runtime.tp_ranks import StepInputs, run_loop
 
 
 def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int) -> None:

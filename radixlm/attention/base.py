@@ -9,7 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

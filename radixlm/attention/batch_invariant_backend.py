@@ -42,7 +42,7 @@ from radixlm.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 Q_TILE = 8  # query tokens per tile (R = Q_TILE * heads-per-KV-head rows per GEMM)
 KV_TILE = 64  # keys per tile, at fixed absolute positions

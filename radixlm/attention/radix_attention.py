@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 
 class RadixAttention(nn.Module):

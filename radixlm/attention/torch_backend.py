@@ -20,7 +20,7 @@ from radixlm.cpu_kernels.ops import decode_attention_with_kv_write, paged_decode
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 
 @dataclass

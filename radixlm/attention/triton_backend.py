@@ -24,7 +24,7 @@ from radixlm.attention.triton_kernels.decode_attention import alloc_mid, num_kv_
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from radixlm.cpu_features import cpu_summary
+from radixlm.runtime.cpu_features import cpu_summary
 
 
 @dataclass(frozen=True)

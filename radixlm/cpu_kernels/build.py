@@ -22,8 +22,8 @@ from types import ModuleType
 
 import torch
 
-from radixlm import cpu_features
-from radixlm.cache_dir import cache_root
+from radixlm.runtime import cpu_features
+from radixlm.runtime.cache_dir import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from radixlm.cache_dir import cache_root
+from radixlm.runtime.cache_dir import cache_root
 
 
 def use_persistent_inductor_cache() -> str:

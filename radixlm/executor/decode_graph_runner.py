@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.forward_batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from radixlm.executor.model_runner import ModelRunner

@@ -21,7 +21,7 @@ import itertools
 
 import torch
 
-from radixlm.executor.forward_batch import ForwardBatch
+from radixlm.forward_batch import ForwardBatch
 
 
 def token_counts(fb: ForwardBatch) -> list[int]:

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 
 from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
-from radixlm.executor.forward_batch import ForwardBatch
+from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.forward_split import halves
 from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo
 from radixlm.executor.step_timer import StepTimer
-from radixlm.mem.oom import BatchShape, diagnose_oom, is_out_of_memory
+from radixlm.planning.oom import BatchShape, diagnose_oom, is_out_of_memory
 from radixlm.scheduler.req import Req
 
 logger = logging.getLogger(__name__)

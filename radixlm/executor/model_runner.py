@@ -1,6 +1,6 @@
 """ModelRunner: owns the model, the pools and the attention backend; runs forwards.
 
-It loads the weights, then builds the MemoryPlan (`mem/planner.py`: weights, KV pool,
+It loads the weights, then builds the MemoryPlan (`planning/planner.py`: weights, KV pool,
 activations, from the measured weight bytes and the device's memory) and allocates exactly
 what it says: `token_to_kv_pool` of `plan.kv_tokens` slots (--max-total-tokens is a cap)
 and `req_to_token_pool` of `plan.max_running_requests` rows. A plan that cannot work
@@ -18,24 +18,24 @@ import time
 
 import torch
 
-from radixlm import cpu_features
+from radixlm.runtime import cpu_features
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
 from radixlm.cpu_kernels.build import load_all_kernels
 from radixlm.executor.compiled_graph import compiled_graph_factory
 from radixlm.executor.decode_graph_runner import DecodeGraphRunner, capture_batch_sizes
-from radixlm.executor.forward_batch import ForwardBatch
+from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
-from radixlm.mem.activation_guard import ActivationGuard
-from radixlm.mem.device_memory import probe_device_memory
-from radixlm.mem.plan_report import plan_table
-from radixlm.mem.planner import (DTYPE_BYTES, ENGINE_KV_CACHE_DTYPES, MemoryPlan,
+from radixlm.planning.activation_guard import ActivationGuard
+from radixlm.planning.device_memory import probe_device_memory
+from radixlm.planning.plan_report import plan_table
+from radixlm.planning.planner import (DTYPE_BYTES, ENGINE_KV_CACHE_DTYPES, MemoryPlan,
                                  default_chunked_prefill_size, default_max_total_tokens,
                                  plan_memory)
-from radixlm.mem.units import parse_size
-from radixlm.mem.weight_estimate import kv_heads_per_rank, module_bytes
+from radixlm.planning.units import parse_size
+from radixlm.planning.weight_estimate import kv_heads_per_rank, module_bytes
 from radixlm.models import ModelConfig, load_model
 from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
@@ -99,7 +99,7 @@ _MOE_NO_GRAPHS = "the MoE layers group tokens by expert on the host"
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, ctx: ParallelContext = SINGLE) -> None:
-        """`ctx`: this process's tensor-parallel rank (executor/distributed.py); the model
+        """`ctx`: this process's tensor-parallel rank (runtime/distributed.py); the model
         and the KV pool hold only that rank's heads."""
         if args.tp_size != ctx.tp_size:
             raise ValueError(f"--tp-size {args.tp_size} needs one process per rank "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
     from radixlm.models.linear import LinearPolicy
     from radixlm.models.model_config import ModelConfig
 

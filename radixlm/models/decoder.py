@@ -36,7 +36,7 @@ from radixlm.models.rms_norm import make_rms_norm
 from radixlm.models.rope import RotaryEmbedding, apply_rotary
 
 if TYPE_CHECKING:
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 

@@ -9,7 +9,7 @@ from radixlm.router.config import RouterArgs
 
 
 def _run(ns: argparse.Namespace) -> None:
-    from radixlm.process_utils import setup_logging
+    from radixlm.runtime.process_utils import setup_logging
     from radixlm.router.launch import run_router
 
     args: RouterArgs = from_cli_args(ns, RouterArgs)

@@ -94,7 +94,7 @@ def place_instances(args: ServerArgs, gpus: list[str], mem_available: int) -> li
 
 def _run_instance(args: ServerArgs, rank: int, gpu: str | None) -> None:
     """Child process entry: one ordinary engine instance."""
-    from radixlm.process_utils import die_with_parent, setup_logging
+    from radixlm.runtime.process_utils import die_with_parent, setup_logging
 
     die_with_parent()
     if gpu is not None:

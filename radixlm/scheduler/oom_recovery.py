@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.executor.forward_worker import batch_shape as forward_batch_shape
-from radixlm.mem.activation_guard import ActivationBudgetExceeded
-from radixlm.mem.oom import BatchShape, OOMDiagnosis, diagnose_oom
+from radixlm.planning.activation_guard import ActivationBudgetExceeded
+from radixlm.planning.oom import BatchShape, OOMDiagnosis, diagnose_oom
 from radixlm.scheduler.req import Req
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The forward worker splits a batch that runs out of memory into halves, recursively
 (`executor/forward_worker.py`); a single request that still does not fit comes back in
 `SampleOutput.failed` with the memory diagnosis (which pool, which phase, which flag in
-which direction, `mem/oom.py`). Here, when its batch is processed:
+which direction, `planning/oom.py`). Here, when its batch is processed:
 
   * the request ends with finish reason "abort", the diagnosis as its error and HTTP
     status 507 (Insufficient Storage: the server lacks the memory for this request);

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.scheduler.req import Req

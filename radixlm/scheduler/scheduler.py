@@ -57,7 +57,7 @@ requests are running is a MIXED batch in which each running request decodes its 
 token as a one-token extend (SGLang's mixed chunked prefill), so decodes flow in every
 step and no alternation is needed. Mixed decodes are processed as decode outputs (they
 stay in `running`); the new-token ratio decays only in pure decode steps, as in SGLang.
-The same `step()` drives the scheduler process (`scheduler/process.py`) and the offline
+The same `step()` drives the scheduler process (`runtime/scheduler_process.py`) and the offline
 `Engine`; there is one loop, not two.
 
 Pages (`--page-size`): the KVSlotAllocator hands out whole pages and the RadixCache is
@@ -89,10 +89,10 @@ import torch
 
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
-from radixlm.executor.forward_batch import ForwardMode
+from radixlm.forward_batch import ForwardMode
 from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
-from radixlm.host_malloc import release_free_heap
+from radixlm.runtime.host_malloc import release_free_heap
 from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from radixlm.config import ServerArgs
 from radixlm.constrained.validate import warm_up as warm_up_constraint_checks
-from radixlm.process_threads import current_torch_threads
+from radixlm.runtime.process_threads import current_torch_threads
 from radixlm.server.admission import QueueFull, choice_count
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion

@@ -22,8 +22,8 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
-from radixlm.scheduler.process import run_scheduler_process
-from radixlm.tokenizer.process import run_detokenizer_process
+from radixlm.runtime.scheduler_process import run_scheduler_process
+from radixlm.runtime.detokenizer_process import run_detokenizer_process
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +39,14 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
     zctx = zmq.Context.instance()
     control = make_socket(zctx, zmq.PULL, endpoints.control, bind=True)
     if args.tp_size > 1:  # every rank must get the same rendezvous address
-        from radixlm.executor.distributed import resolve_dist_init_addr
+        from radixlm.runtime.distributed import resolve_dist_init_addr
         args = resolve_dist_init_addr(args)
     procs = [ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="scheduler", daemon=True),
              ctx.Process(target=run_detokenizer_process, args=(args, endpoints), name="detokenizer", daemon=True)]
     for p in procs:
         p.start()
     if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks
-        from radixlm.scheduler.tp_ranks import spawn_follower_ranks
+        from radixlm.runtime.tp_ranks import spawn_follower_ranks
         procs += spawn_follower_ranks(args, 1)
     deadline = time.monotonic() + timeout_s
     try:
@@ -93,7 +93,7 @@ def launch_server(args: ServerArgs) -> None:
 
     import uvicorn
 
-    from radixlm.process_threads import setup_helper_threads
+    from radixlm.runtime.process_threads import setup_helper_threads
 
     setup_helper_threads()  # the API process runs torch single-threaded
     from radixlm.models import resolve_model_path
@@ -104,7 +104,7 @@ def launch_server(args: ServerArgs) -> None:
     from radixlm.tokenizer.loader import load_tokenizer
 
     if args.node_rank > 0:  # another host of a multi-node TP model: scheduler ranks only
-        from radixlm.scheduler.tp_ranks import run_follower_node
+        from radixlm.runtime.tp_ranks import run_follower_node
         return run_follower_node(args)
     model_path = resolve_model_path(args.model)
     endpoints = IpcEndpoints.create()

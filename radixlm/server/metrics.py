@@ -29,7 +29,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "ENGINE_METRICS", "EngineMetrics", "MetricDef"
 
 @dataclass(frozen=True)
 class Snapshot:
-    plan: Any  # radixlm.mem.planner.MemoryPlan | None
+    plan: Any  # radixlm.planning.planner.MemoryPlan | None
     pool: PoolStats | None  # None when the scheduler did not answer in time
     requests_finished_total: int
     prompt_tokens_total: int

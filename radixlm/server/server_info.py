@@ -26,7 +26,7 @@ def get_server_info_body(args: ServerArgs, model_name: str, context_len: int,
                          cuda_graph_batch_sizes: list[int] | None = None,
                          dtype: dict[str, Any] | None = None,
                          threads: dict[str, int | None] | None = None) -> dict[str, Any]:
-    """`memory_plan` is a radixlm.mem.planner.MemoryPlan (None when the engine has none):
+    """`memory_plan` is a radixlm.planning.planner.MemoryPlan (None when the engine has none):
     the three pools, the flags it was made with and its problems. `cuda_graph_batch_sizes`:
     the decode batch sizes captured as CUDA graphs (None: graphs off). `dtype`: --dtype as
     given, the dtype it resolved to and why; `threads`: torch's intra-op thread count by

@@ -18,7 +18,7 @@ import tempfile
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from radixlm.cache_dir import CACHE_ENV, cache_root as radixlm_cache_root  # noqa: F401
+from radixlm.runtime.cache_dir import CACHE_ENV, cache_root as radixlm_cache_root  # noqa: F401
 from radixlm.tokenizer.family_templates import default_chat_template
 
 

@@ -291,9 +291,9 @@ def test_get_server_info_reports_the_scheduler_start_up(server: str, monkeypatch
     per physical core, the API process single-threaded."""
     import torch
 
-    from radixlm import cpu_features
+    from radixlm.runtime import cpu_features
     from radixlm.executor.model_runner import choose_dtype
-    from radixlm.process_threads import physical_cores
+    from radixlm.runtime.process_threads import physical_cores
 
     info = httpx.get(server + "/get_server_info", timeout=30).json()
     assert info["memory_plan"]["kv_tokens"] == info["max_total_tokens"] > 0

@@ -13,7 +13,7 @@ from radixlm.cpu_kernels.ops import decode_attention_available
 from radixlm.config import ServerArgs
 from radixlm.executor.compiled_graph import compiled_graph_factory
 from radixlm.executor.decode_graph_runner import DecodeGraphRunner
-from radixlm.executor.forward_batch import ForwardMode
+from radixlm.forward_batch import ForwardMode
 from radixlm.executor.model_runner import ModelRunner
 from tests.conftest_models import PoolHarness
 from tests.graph_checks import replay_matches_eager

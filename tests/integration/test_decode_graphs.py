@@ -24,7 +24,7 @@ from radixlm.config import ServerArgs  # noqa: E402
 from radixlm.executor.decode_graph_runner import (DecodeGraphRunner,  # noqa: E402
                                                   EagerReplayGraph, capture_batch_sizes,
                                                   cuda_graph_factory)
-from radixlm.executor.forward_batch import ForwardMode  # noqa: E402
+from radixlm.forward_batch import ForwardMode  # noqa: E402
 from radixlm.executor.model_runner import ModelRunner  # noqa: E402
 from tests.conftest_models import PoolHarness
 from tests.graph_checks import replay_matches_eager  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
-from radixlm.executor.forward_batch import ForwardMode
+from radixlm.forward_batch import ForwardMode
 from tests.engine_checks import assert_all_slots_back as all_back, run_staggered
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.mem.activation_guard import ActivationBudgetExceeded
+from radixlm.planning.activation_guard import ActivationBudgetExceeded
 from radixlm.sampling_params import SamplingParams
 from tests.engine_checks import assert_all_slots_back
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.executor.forward_batch import ForwardMode
+from radixlm.forward_batch import ForwardMode
 from radixlm.sampling_params import SamplingParams
 from tests.engine_checks import assert_all_slots_back
 

@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.executor.distributed import free_port, init_tensor_parallel
-from radixlm.mem.weight_estimate import kv_heads_per_rank
+from radixlm.runtime.distributed import free_port, init_tensor_parallel
+from radixlm.planning.weight_estimate import kv_heads_per_rank
 from radixlm.models import load_model
 from radixlm.models.parallel_context import SINGLE, ParallelContext
-from radixlm.scheduler.process import build_scheduler
-from radixlm.scheduler.tp_ranks import run_follower_rank, run_loop
+from radixlm.runtime.scheduler_process import build_scheduler
+from radixlm.runtime.tp_ranks import run_follower_rank, run_loop
 from tests.conftest import make_tiny_llama
 from tests.conftest_models import PoolHarness, rel_err
 from tests.tp_harness import (child_setup, drive_rank0, make_requests, read_json, spawn_ranks,

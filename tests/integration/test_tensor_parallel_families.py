@@ -13,8 +13,8 @@ import torch
 import transformers
 
 from radixlm.config import ServerArgs
-from radixlm.executor.distributed import free_port, init_tensor_parallel
-from radixlm.mem.weight_estimate import kv_heads_per_rank
+from radixlm.runtime.distributed import free_port, init_tensor_parallel
+from radixlm.planning.weight_estimate import kv_heads_per_rank
 from radixlm.models import load_model
 from radixlm.models.parallel_context import ParallelContext
 from tests.conftest_models import PoolHarness, rel_err

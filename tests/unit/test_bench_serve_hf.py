@@ -26,7 +26,7 @@ def test_hf_requests_metrics(tiny_llama_dir) -> None:
 
 
 def test_baseline_dtype_and_summary_row(monkeypatch) -> None:
-    from radixlm import cpu_features
+    from radixlm.runtime import cpu_features
 
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     assert resolve_baseline_dtype("auto") == torch.bfloat16

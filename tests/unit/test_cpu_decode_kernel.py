@@ -119,7 +119,7 @@ def test_kernel_accepts_a_strided_query():
 def test_backend_decode_equals_the_gather_path(window):
     """The torch backend with the kernel and without it (its gather + matmul fallback)
     give the same decode attention and leave the same pool (the step's K/V written)."""
-    from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+    from radixlm.forward_batch import ForwardBatch, ForwardMode
     from radixlm.mem import ReqToTokenPool, TokenToKVPool
 
     class _Layer:

@@ -1,4 +1,4 @@
-"""The CPU probe (radixlm/cpu_features.py) and `--dtype auto` by capability. The probe is
+"""The CPU probe (radixlm/runtime/cpu_features.py) and `--dtype auto` by capability. The probe is
 always patched: nothing here depends on this machine's CPU."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm import cpu_features
+from radixlm.runtime import cpu_features
 from radixlm.executor.model_runner import choose_dtype, resolve_dtype
 
 CPUINFO = """processor\t: 0

@@ -9,7 +9,7 @@ import torch
 
 from radixlm.executor.cuda_streams import (CudaStreams, HostStreams, _tensors_of, _with_tensors,
                                            make_streams, pack, unpack)
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.forward_batch import ForwardBatch, ForwardMode
 from radixlm.executor.step_timer import StepTimer
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -51,7 +51,7 @@ def test_attention_query_does_not_depend_on_chunks_batch_or_decode(window) -> No
     from types import SimpleNamespace
 
     from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
-    from radixlm.executor.forward_batch import ForwardMode
+    from radixlm.forward_batch import ForwardMode
 
     g = torch.Generator().manual_seed(0)
     heads, kvh, d, slots = 6, 2, 16, 1200

@@ -10,7 +10,7 @@ import pytest
 
 _CHILD = """
 import gc
-from radixlm.host_malloc import release_free_heap, tune_host_malloc
+from radixlm.runtime.host_malloc import release_free_heap, tune_host_malloc
 assert tune_host_malloc()  # keep up to 256 MiB of free heap, as a compute process does
 def rss():
     with open("/proc/self/statm") as f:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from radixlm.executor.distributed import free_port
+from radixlm.runtime.distributed import free_port
 from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.gguf_int4 import int4_groups_from_blocks
 from radixlm.models.linear import (DenseLinear, Int4Groups, Int4GroupwiseLinear,

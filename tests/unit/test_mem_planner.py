@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from radixlm.mem.device_memory import DeviceMemory
-from radixlm.mem.planner import default_mem_fraction_static, plan_memory
-from radixlm.mem.units import GiB, parse_size
-from radixlm.mem.weight_estimate import config_tensor_shapes, estimate_weights
+from radixlm.planning.device_memory import DeviceMemory
+from radixlm.planning.planner import default_mem_fraction_static, plan_memory
+from radixlm.planning.units import GiB, parse_size
+from radixlm.planning.weight_estimate import config_tensor_shapes, estimate_weights
 from radixlm.models.hf_loader import load_hf_config
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "configs")

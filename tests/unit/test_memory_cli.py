@@ -6,7 +6,7 @@ import os
 import pytest
 
 from radixlm.cli import main
-from radixlm.mem.weight_estimate import checkpoint_shapes, config_tensor_shapes, estimate_weights
+from radixlm.planning.weight_estimate import checkpoint_shapes, config_tensor_shapes, estimate_weights
 from radixlm.models.loader import load_model_config
 from tests.conftest import requires_default_model
 
@@ -53,7 +53,7 @@ def test_text_output_names_pools_and_flags(capsys):
 def test_checkpoint_shapes_equal_the_loaded_model(tiny_llama_dir):
     import torch
 
-    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.planning.weight_estimate import module_bytes
     from radixlm.models.loader import load_model
 
     cfg = load_model_config(tiny_llama_dir)
@@ -81,7 +81,7 @@ def test_default_gguf_int4_estimate_equals_the_loaded_model(capsys):
     dense fallback, and the tied head's prepacked copy, as the loaded model holds them."""
     import torch
 
-    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.planning.weight_estimate import module_bytes
     from radixlm.models import resolve_model_path
     from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
     from radixlm.models.loader import load_model
@@ -151,7 +151,7 @@ def test_new_family_estimates_equal_the_loaded_models(tmp_path):
     model holds (two RoPE caches for Gemma 3, every expert and router for MoE)."""
     import torch
 
-    from radixlm.mem.weight_estimate import module_bytes
+    from radixlm.planning.weight_estimate import module_bytes
     from radixlm.models.linear.method import onednn_prepack_available
     from radixlm.models.loader import load_model
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixlm.server.openapi_bodies import SAMPLING_RANGES
-from radixlm.server.testing import fake_stack
+from tests.server_fakes import fake_stack
 
 EPS = {"integer": 1, "number": 1e-6}
 

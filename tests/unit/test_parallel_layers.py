@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from radixlm.executor.distributed import free_port
+from radixlm.runtime.distributed import free_port
 from radixlm.models.linear import DenseLinear
 from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
 from radixlm.models.parallel_layers import (ColumnParallelLinear, ParallelLMHead,

@@ -14,7 +14,7 @@ from radixlm.bench.proc_stats import cpu_delta, cpu_seconds, rss_mib, server_pro
 # A child that names itself as the scheduler does, burns CPU until told, then exits.
 _CHILD = """
 import sys, time
-from radixlm.process_utils import set_process_name
+from radixlm.runtime.process_utils import set_process_name
 set_process_name("radixlm-sched")
 print("named", flush=True)
 end = time.process_time() + float(sys.argv[1])

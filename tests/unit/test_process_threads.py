@@ -1,4 +1,4 @@
-"""Thread counts by process role (radixlm/process_threads.py), with psutil and the CPU
+"""Thread counts by process role (radixlm/runtime/process_threads.py), with psutil and the CPU
 affinity patched: nothing here depends on the machine's cores."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from radixlm import process_threads as pt
+from radixlm.runtime import process_threads as pt
 from radixlm.config import ServerArgs
 
 
@@ -93,7 +93,7 @@ def test_environment_set_before_torch_loads(tmp_path):
 
     code = ("import os, sys\n"
             "from radixlm.config import ServerArgs\n"
-            "from radixlm import process_threads as pt\n"
+            "from radixlm.runtime import process_threads as pt\n"
             "assert 'torch' not in sys.modules\n"
             "role = sys.argv[1]\n"
             "if role == 'helper':\n"

@@ -7,7 +7,7 @@ import pytest
 
 from radixlm.cli import build_parser
 from radixlm.config import from_cli_args
-from radixlm.router.bench_routing import summarize
+from radixlm.bench.routing import summarize
 from radixlm.router.cache_aware import CacheAwarePolicy
 from radixlm.router.config import RouterArgs
 from radixlm.config import ServerArgs

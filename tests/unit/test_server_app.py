@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from radixlm.server.testing import FakeStack, fake_stack
+from tests.server_fakes import FakeStack, fake_stack
 
 CONTEXT_LEN = 256
 

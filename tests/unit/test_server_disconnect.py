@@ -12,7 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
-from radixlm.server.testing import FakeStack, fake_stack
+from tests.server_fakes import FakeStack, fake_stack
 
 
 def _free_port() -> int:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from radixlm.server.testing import FakeStack, fake_stack
+from tests.server_fakes import FakeStack, fake_stack
 
 USER = [{"role": "user", "content": "hello"}]
 

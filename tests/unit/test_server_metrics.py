@@ -5,12 +5,12 @@ import os
 import torch
 from fastapi.testclient import TestClient
 
-from radixlm.mem.device_memory import DeviceMemory
-from radixlm.mem.oom import BatchShape, diagnose_kv_exhaustion, diagnose_oom, is_out_of_memory
-from radixlm.mem.planner import plan_memory
-from radixlm.mem.units import GiB
+from radixlm.planning.device_memory import DeviceMemory
+from radixlm.planning.oom import BatchShape, diagnose_kv_exhaustion, diagnose_oom, is_out_of_memory
+from radixlm.planning.planner import plan_memory
+from radixlm.planning.units import GiB
 from radixlm.models.hf_loader import load_hf_config
-from radixlm.server.testing import fake_stack
+from tests.server_fakes import fake_stack
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "configs")
 

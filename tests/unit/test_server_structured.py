@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from radixlm.server.testing import FAKE_COMPILE_ERROR, fake_stack
+from tests.server_fakes import FAKE_COMPILE_ERROR, fake_stack
 
 
 @pytest.fixture()

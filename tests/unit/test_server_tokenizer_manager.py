@@ -9,7 +9,7 @@ import pytest
 
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.errors import GenerateError
-from radixlm.server.testing import FakeStack, fake_stack
+from tests.server_fakes import FakeStack, fake_stack
 from radixlm.server.tokenizer_manager import TokenizerManager
 
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not triton_available(),
 
 from radixlm.attention import RadixAttention  # noqa: E402
 from radixlm.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from radixlm.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from radixlm.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from radixlm.mem import ReqToTokenPool, TokenToKVPool  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

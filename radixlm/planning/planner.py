@@ -38,10 +38,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from radixlm.mem.activation import ActivationModel
-from radixlm.mem.device_memory import DeviceMemory
-from radixlm.mem.units import GiB, MiB, fmt_bytes
-from radixlm.mem.weight_estimate import check_tp, kv_heads_per_rank
+from radixlm.planning.activation import ActivationModel
+from radixlm.planning.device_memory import DeviceMemory
+from radixlm.planning.units import GiB, MiB, fmt_bytes
+from radixlm.planning.weight_estimate import check_tp, kv_heads_per_rank
 from radixlm.models.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -17,13 +17,13 @@ import argparse
 import json
 import sys
 
-from radixlm.mem.device_memory import DeviceMemory
-from radixlm.mem.plan_report import plan_json, plan_table, verdict
-from radixlm.mem.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryPlan,
+from radixlm.planning.device_memory import DeviceMemory
+from radixlm.planning.plan_report import plan_json, plan_table, verdict
+from radixlm.planning.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryPlan,
                                  default_chunked_prefill_size, default_max_total_tokens,
                                  plan_memory)
-from radixlm.mem.units import parse_size
-from radixlm.mem.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
+from radixlm.planning.units import parse_size
+from radixlm.planning.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
                                          estimate_weights, gguf_int4_tensors)
 
 

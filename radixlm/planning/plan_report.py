@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.mem.planner import MemoryPlan
-from radixlm.mem.units import fmt_bytes
-from radixlm.mem.weight_estimate import WeightEstimate
+from radixlm.planning.planner import MemoryPlan
+from radixlm.planning.units import fmt_bytes
+from radixlm.planning.weight_estimate import WeightEstimate
 
 
 def _share(plan: MemoryPlan, n: int) -> str:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
 from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
-from radixlm.process_threads import setup_compute_process
-from radixlm.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.process_threads import setup_compute_process
+from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
 
 if TYPE_CHECKING:  # torch stays out of the API process, which imports this module
     from radixlm.models.parallel_context import ParallelContext
@@ -96,9 +96,9 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     set_process_name(f"radixlm-tp{local_rank}")
     setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
     setup_compute_process(args)  # before torch loads (below)
-    from radixlm.executor.distributed import destroy_tensor_parallel, init_tensor_parallel
+    from radixlm.runtime.distributed import destroy_tensor_parallel, init_tensor_parallel
     from radixlm.executor.model_runner import resolve_device
-    from radixlm.scheduler.process import build_scheduler
+    from radixlm.runtime.scheduler_process import build_scheduler
 
     ctx = init_tensor_parallel(args, local_rank, resolve_device(args.device))
     sched, _ = build_scheduler(args, ctx)
@@ -123,7 +123,7 @@ def spawn_follower_ranks(args: ServerArgs, first_local_rank: int) -> list[mp.Pro
 def run_follower_node(args: ServerArgs) -> None:
     """`radixlm serve --node-rank K` (K > 0): this host runs only its scheduler ranks; it
     returns when they all exit (rank 0 stopped, or a rank failed)."""
-    from radixlm.executor.distributed import check_placement
+    from radixlm.runtime.distributed import check_placement
 
     check_placement(args)
     procs = spawn_follower_ranks(args, 0)

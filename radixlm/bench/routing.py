@@ -1,7 +1,7 @@
 """Routing benchmark: the same engine instances behind `cache_aware` and `round_robin`
 routers, side by side in one run, on a generated-shared-prefix workload.
 
-    python -m radixlm.router.bench_routing [--num-instances 2] [--repeat 3] ...
+    python -m radixlm.bench.routing [--num-instances 2] [--repeat 3] ...
 
 Starts N instances (`radixlm serve`, default model unless --model) once, and one router
 per policy over all of them (`radixlm router`). For each repeat the policies take turns
@@ -45,7 +45,7 @@ def router_spec(policy: str, worker_urls: list[str]) -> ServerSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m radixlm.router.bench_routing",
+    p = argparse.ArgumentParser(prog="python -m radixlm.bench.routing",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Default: the SmolLM2-135M GGUF.")
     p.add_argument("--num-instances", type=int, default=2)

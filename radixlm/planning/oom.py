@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.mem.activation_guard import ActivationBudgetExceeded
-from radixlm.mem.planner import MemoryPlan
-from radixlm.mem.units import fmt_bytes
+from radixlm.planning.activation_guard import ActivationBudgetExceeded
+from radixlm.planning.planner import MemoryPlan
+from radixlm.planning.units import fmt_bytes
 
 # Messages of allocation failures that are not a torch.OutOfMemoryError (CPU allocators).
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory")

@@ -15,9 +15,9 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
-from radixlm.process_threads import setup_compute_process
-from radixlm.process_utils import die_with_parent, set_process_name, setup_logging
-from radixlm.scheduler.tp_ranks import StepInputs, run_loop
+from radixlm.runtime.process_threads import setup_compute_process
+from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.tp_ranks import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,10 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     control = make_socket(ctx, zmq.PUSH, endpoints.control, bind=False)
     try:
         setup_compute_process(args)  # before torch loads (below)
-        # Tensor parallelism: this process is rank 0 (scheduler/tp_ranks.py).
+        # Tensor parallelism: this process is rank 0 (runtime/tp_ranks.py).
         tp = None
         if args.tp_size > 1:
-            from radixlm.executor.distributed import init_tensor_parallel
+            from radixlm.runtime.distributed import init_tensor_parallel
             from radixlm.executor.model_runner import resolve_device
             tp = init_tensor_parallel(args, 0, resolve_device(args.device))
         sched, _ = build_scheduler(args, tp)

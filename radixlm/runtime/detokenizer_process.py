@@ -7,8 +7,8 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import BatchTokenIDOut
-from radixlm.process_threads import setup_helper_threads
-from radixlm.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.process_threads import setup_helper_threads
+from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
 
 
 def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:

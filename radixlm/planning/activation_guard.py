@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixlm.mem.activation import ActivationModel
-from radixlm.mem.units import fmt_bytes
+from radixlm.planning.activation import ActivationModel
+from radixlm.planning.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from radixlm.executor.forward_batch import ForwardBatch
+    from radixlm.forward_batch import ForwardBatch
 
 
 class ActivationBudgetExceeded(MemoryError):

@@ -22,7 +22,7 @@ import os
 import sys
 
 from radixlm.config import ServerArgs
-from radixlm.host_malloc import tune_host_malloc
+from radixlm.runtime.host_malloc import tune_host_malloc
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def setup_compute_threads(args: ServerArgs, set_env: bool = True) -> int:
 
 def setup_compute_process(args: ServerArgs, guest: bool = False) -> None:
     """First thing in a compute process (scheduler, TP rank): its threads and the host
-    allocator (radixlm/host_malloc.py). `guest`: the offline Engine in its caller's
+    allocator (radixlm/runtime/host_malloc.py). `guest`: the offline Engine in its caller's
     process, which keeps the caller's thread count unless `num_threads` is given and
     leaves os.environ alone."""
     if not guest or args.num_threads is not None:
