@@ -16,7 +16,7 @@ from radixlm.config import ServerArgs
 from radixlm.messages import AbortReq, ReqStrOut, TokenizedGenerateReq
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.sampling_params import SamplingParams
-from radixlm.runtime.scheduler_process import build_scheduler
+from radixlm.runtime.build import build_scheduler
 from radixlm.tokenizer.detokenizer import Detokenizer
 
 Prompt = str | list[int]

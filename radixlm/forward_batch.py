@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.attention.base import AttentionBackend
-    from radixlm.mem import ReqToTokenPool, TokenToKVPool
+    from radixlm.mem.req_to_token_pool import ReqToTokenPool
+    from radixlm.mem.token_to_kv_pool import TokenToKVPool
+
+
+class AttentionRunner(Protocol):
+    """What a layer calls through the batch: attention/base.py's AttentionBackend (named
+    here by shape, so this ground module imports nothing above it)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: object,
+                forward_batch: "ForwardBatch") -> torch.Tensor: ...
 
 
 class ForwardMode(enum.Enum):
@@ -65,7 +73,7 @@ class ForwardBatch:
     extend_start_loc: torch.Tensor | None = None
     req_to_token_pool: "ReqToTokenPool | None" = None
     token_to_kv_pool: "TokenToKVPool | None" = None
-    attn_backend: "AttentionBackend | None" = None
+    attn_backend: "AttentionRunner | None" = None
     # Overlap scheduling: input_ids[future_token_idx] are placeholders for tokens that were
     # still being sampled when the batch was built; the forward worker fills them from its
     # token relay (relay[future_token_rows], indexed by req_to_token row) before running.

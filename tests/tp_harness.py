@@ -2,7 +2,7 @@
 
 `spawn_ranks(fn, args, nprocs)` runs `fn(local_index, *args)` in `nprocs` spawned
 processes (torch.multiprocessing: a failing rank raises in the caller with its traceback).
-`drive_rank0` feeds requests into the real scheduler loop (`tp_ranks.run_loop`) as the
+`drive_rank0` feeds requests into the real scheduler loop (`scheduler_loop.run_loop`) as the
 ZMQ inbox of the scheduler process would, and collects each request's output tokens.
 Kept free of pytest/transformers imports so spawned children start fast.
 """
@@ -19,7 +19,7 @@ import torch.multiprocessing as tmp
 
 from radixlm.messages import BatchTokenIDOut, TokenizedGenerateReq
 from radixlm.sampling_params import SamplingParams
-from radixlm.runtime.tp_ranks import StepInputs, run_loop
+from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
 
 def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int) -> None:

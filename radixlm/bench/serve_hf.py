@@ -24,7 +24,7 @@ BASELINE_NAME = "transformers"
 def resolve_baseline_dtype(name: str) -> torch.dtype:
     """auto: transformers' fastest dtype on this CPU, by radixlm's own --dtype auto rule
     (bfloat16 with AMX-BF16 / AVX512-BF16, else float32)."""
-    from radixlm.executor.model_runner import resolve_dtype
+    from radixlm.runtime.device import resolve_dtype
 
     if name not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"--transformers-baseline must be auto, float32, bfloat16 or none, "

@@ -18,7 +18,6 @@ import time
 
 import torch
 
-from radixlm.runtime import cpu_features
 from radixlm.attention import create_attention_backend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
@@ -31,7 +30,7 @@ from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
 from radixlm.planning.activation_guard import ActivationGuard
 from radixlm.planning.device_memory import probe_device_memory
 from radixlm.planning.plan_report import plan_table
-from radixlm.planning.planner import (DTYPE_BYTES, ENGINE_KV_CACHE_DTYPES, MemoryPlan,
+from radixlm.planning.planner import (DTYPE_BYTES, MemoryPlan,
                                  default_chunked_prefill_size, default_max_total_tokens,
                                  plan_memory)
 from radixlm.planning.units import parse_size
@@ -40,37 +39,9 @@ from radixlm.models import ModelConfig, load_model
 from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
 from radixlm.models.parallel_context import SINGLE, ParallelContext
+from radixlm.runtime.device import choose_dtype, resolve_device, resolve_kv_cache_dtype
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was given but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def choose_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The run dtype for --dtype `name` and why. auto: bfloat16 on CUDA; on the CPU
-    bfloat16 when it has native bf16 dot products (AMX-BF16 or AVX512-BF16), else float32,
-    which measured fastest there without them (docs/benchmarks.md, "dtype on the CPU")."""
-    if name != "auto":
-        return _DTYPES[name], "given by --dtype"
-    if device.type == "cuda":
-        return torch.bfloat16, "CUDA"
-    fast = cpu_features.fast_bf16_flags()
-    if fast:
-        return torch.bfloat16, f"CPU has {' and '.join(fast)}"
-    return torch.float32, "CPU has neither amx_bf16 nor avx512_bf16"
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    return choose_dtype(name, device)[0]
-
 
 def resolve_chunked_prefill_size(value: int | None, device: torch.device) -> int:
     """None: a default by device (`planner.default_chunked_prefill_size`)."""
@@ -79,14 +50,6 @@ def resolve_chunked_prefill_size(value: int | None, device: torch.device) -> int
     total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
              else 0)
     return default_chunked_prefill_size(device.type, total)
-
-
-def resolve_kv_cache_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """auto: the run dtype. fp8 KV is planned (`radixlm memory`) but not stored yet."""
-    if name not in ENGINE_KV_CACHE_DTYPES:
-        raise ValueError(f"--kv-cache-dtype {name} is planning-only for now (radixlm memory); "
-                         f"the engine stores KV in one of {', '.join(ENGINE_KV_CACHE_DTYPES)}")
-    return dtype if name == "auto" else _DTYPES[name]
 
 
 class MemoryPlanError(ValueError):

@@ -67,7 +67,7 @@ def _device(ns: argparse.Namespace, weight_bytes: int) -> DeviceMemory:
         return DeviceMemory(kind, total, total - weight_bytes, "--device-memory")
     import torch
 
-    from radixlm.executor.model_runner import resolve_device
+    from radixlm.runtime.device import resolve_device
 
     if resolve_device(kind).type == "cuda":  # the weights are not loaded: they must fit yet
         free, total = torch.cuda.mem_get_info()
@@ -92,7 +92,7 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
         kind_guess = "cuda" if torch.cuda.is_available() else "cpu"
     import torch
 
-    from radixlm.executor.model_runner import resolve_dtype
+    from radixlm.runtime.device import resolve_dtype
     from radixlm.models.linear import LinearPolicy
     from radixlm.models.linear.method import onednn_prepack_available
 

@@ -17,48 +17,10 @@ from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
-from radixlm.runtime.tp_ranks import StepInputs, run_loop
+from radixlm.runtime.build import build_scheduler
+from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
-
-
-def build_scheduler(args: ServerArgs, ctx=None):
-    """Model runner + tokenizer + Scheduler, as the offline Engine builds them too.
-    `ctx`: the tensor-parallel rank (a ParallelContext; None: single process)."""
-    from radixlm.executor.model_runner import ModelRunner
-    from radixlm.models import resolve_model_path
-    from radixlm.scheduler.scheduler import Scheduler
-    from radixlm.tokenizer.loader import load_tokenizer
-
-    model_path = resolve_model_path(args.model)
-    tokenizer = load_tokenizer(model_path, args.tokenizer)
-    runner = ModelRunner(args, model_path) if ctx is None else ModelRunner(args, model_path, ctx)
-    eos = list(runner.model_config.eos_token_ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-        eos.append(tokenizer.eos_token_id)
-    sched = Scheduler(runner, tokenizer, eos, args.max_prefill_tokens, args.random_seed,
-                      disable_radix_cache=args.disable_radix_cache,
-                      chunked_prefill_size=runner.chunked_prefill_size,
-                      schedule_policy=args.schedule_policy,
-                      init_new_token_ratio=args.init_new_token_ratio,
-                      min_new_token_ratio=args.min_new_token_ratio,
-                      new_token_ratio_decay=args.new_token_ratio_decay,
-                      enable_mixed_chunk=args.enable_mixed_chunk,
-                      overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device),
-                      grammar_compile_timeout=args.grammar_compile_timeout,
-                      grammar_synchronous=args.tp_size > 1)
-    return sched, tokenizer
-
-
-def use_overlap_schedule(disable: bool | None, device) -> bool:
-    """--disable-overlap-schedule as given, else by device: overlap on CUDA (the forward
-    thread only enqueues kernels), serial on the CPU. There the forward's compute threads
-    take every core, and the scheduler thread running beside them makes each parallel op
-    wait for a descheduled thread at its barrier: a batch-1 decode step of the default
-    model took 25-30 ms with overlap vs 12.5 ms serial on 2 cores (docs/benchmarks.md)."""
-    if disable is not None:
-        return not disable
-    return device.type == "cuda"
 
 
 def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
@@ -73,7 +35,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
         tp = None
         if args.tp_size > 1:
             from radixlm.runtime.distributed import init_tensor_parallel
-            from radixlm.executor.model_runner import resolve_device
+            from radixlm.runtime.device import resolve_device
             tp = init_tensor_parallel(args, 0, resolve_device(args.device))
         sched, _ = build_scheduler(args, tp)
     except Exception as e:  # report why we cannot serve, then exit

@@ -1,4 +1,5 @@
-"""The scheduler loop of every tensor-parallel rank: rank 0 decides, the others follow.
+"""Tensor-parallel ranks other than 0: each runs the scheduler loop (scheduler_loop.py) and
+follows rank 0, which decides.
 
 Each TP rank is a process with its own `Scheduler` (pools, radix cache, queues) over its
 slice of the model. Only rank 0 talks to the API and detokenizer processes. Every loop
@@ -22,71 +23,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
-from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
-
-if TYPE_CHECKING:  # torch stays out of the API process, which imports this module
-    from radixlm.models.parallel_context import ParallelContext
-    from radixlm.scheduler.scheduler import Scheduler
+from radixlm.runtime.scheduler_loop import run_loop
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepInputs:
-    """What rank 0 received before one loop iteration; `stop` ends every rank's loop."""
-    msgs: list[object] = field(default_factory=list)
-    stop: bool = False
-
-
-def exchange_inputs(inputs: StepInputs | None, ctx: "ParallelContext") -> StepInputs:
-    """Rank 0 passes its inputs, the other ranks None; every rank gets rank 0's."""
-    if not ctx.is_parallel:
-        assert inputs is not None
-        return inputs
-    import torch.distributed as dist
-
-    box = [inputs]
-    dist.broadcast_object_list(box, src=0, group=ctx.cpu_group)
-    return box[0]
-
-
-def run_loop(sched: "Scheduler", ctx: "ParallelContext",
-             collect: Callable[[bool], StepInputs] | None,
-             send: Callable[[object], None] | None) -> None:
-    """The scheduler loop, on every rank.
-
-    `collect(has_work)` (rank 0 only; None elsewhere): the messages that arrived; with no
-    work it may block for a bounded time, and return no messages. `send` (rank 0 only):
-    where outputs and control replies go. Control requests are answered between steps;
-    they run on every rank too, since they settle in-flight batches or flush the cache.
-    """
-    while True:
-        had_work = sched.has_work()  # equal on every rank: same state
-        inputs = exchange_inputs(collect(had_work) if collect is not None else None, ctx)
-        if inputs.stop:
-            return
-        if not had_work and not inputs.msgs:
-            sched.on_idle()  # a poll period without work (rank 0's collect blocks ~1 s)
-            continue
-        for msg in inputs.msgs:
-            if isinstance(msg, PoolStatsReq):
-                reply: object = sched.pool_stats(msg.rid)
-            elif isinstance(msg, FlushCacheReq):
-                reply = sched.flush_cache(msg.rid)
-            else:
-                sched.handle(msg)
-                continue
-            if send is not None:
-                send(reply)
-        outs = sched.step()
-        if outs and send is not None:
-            send(BatchTokenIDOut(outs))
 
 
 def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
@@ -97,8 +40,8 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
     setup_compute_process(args)  # before torch loads (below)
     from radixlm.runtime.distributed import destroy_tensor_parallel, init_tensor_parallel
-    from radixlm.executor.model_runner import resolve_device
-    from radixlm.runtime.scheduler_process import build_scheduler
+    from radixlm.runtime.device import resolve_device
+    from radixlm.runtime.build import build_scheduler
 
     ctx = init_tensor_parallel(args, local_rank, resolve_device(args.device))
     sched, _ = build_scheduler(args, ctx)

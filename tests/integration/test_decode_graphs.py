@@ -19,7 +19,7 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 from radixlm import SamplingParams  # noqa: E402
-from radixlm.attention.base import triton_available  # noqa: E402
+from radixlm.attention.factory import triton_available  # noqa: E402
 from radixlm.config import ServerArgs  # noqa: E402
 from radixlm.executor.decode_graph_runner import (DecodeGraphRunner,  # noqa: E402
                                                   EagerReplayGraph, capture_batch_sizes,

@@ -6,7 +6,7 @@ vocabulary shards padded). Ranks are spawned processes (tests/tp_harness.py):
 
 * model level: logits of a ragged prefill within 1e-5 (relative) of the unsharded model,
   greedy tokens through the KV pool exactly equal, the per-rank KV head count;
-* scheduler level: the real loop (`tp_ranks.run_loop`, rank 0 broadcasting its inputs,
+* scheduler level: the real loop (`scheduler_loop.run_loop`, rank 0 broadcasting its inputs,
   the overlap scheduler's forward thread running the collectives) produces exactly the
   greedy tokens of the TP=1 loop, with staggered arrivals and chunked prefill; every
   rank's pool invariant holds afterwards. Once as one host with two local ranks, once as
@@ -26,8 +26,9 @@ from radixlm.runtime.distributed import free_port, init_tensor_parallel
 from radixlm.planning.weight_estimate import kv_heads_per_rank
 from radixlm.models import load_model
 from radixlm.models.parallel_context import SINGLE, ParallelContext
-from radixlm.runtime.scheduler_process import build_scheduler
-from radixlm.runtime.tp_ranks import run_follower_rank, run_loop
+from radixlm.runtime.build import build_scheduler
+from radixlm.runtime.scheduler_loop import run_loop
+from radixlm.runtime.tp_ranks import run_follower_rank
 from tests.conftest import make_tiny_llama
 from tests.conftest_models import PoolHarness, rel_err
 from tests.tp_harness import (child_setup, drive_rank0, make_requests, read_json, spawn_ranks,

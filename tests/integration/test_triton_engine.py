@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 from radixlm import SamplingParams  # noqa: E402
-from radixlm.attention.base import triton_available  # noqa: E402
+from radixlm.attention.factory import triton_available  # noqa: E402
 from radixlm.engine import Engine  # noqa: E402
 from tests.engine_checks import assert_all_slots_back, run_staggered  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.attention.base import resolve_attention_backend_name
+from radixlm.attention.factory import resolve_attention_backend_name
 
 
 def test_triton_refuses_sliding_window_models_and_auto_avoids_it():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixlm.runtime import cpu_features
-from radixlm.executor.model_runner import choose_dtype, resolve_dtype
+from radixlm.runtime.device import choose_dtype, resolve_dtype
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel

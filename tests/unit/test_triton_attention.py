@@ -21,7 +21,7 @@ ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-from radixlm.attention.base import triton_available  # noqa: E402
+from radixlm.attention.factory import triton_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_available(),
                                 reason="triton is not installed (pip install triton)")
@@ -208,7 +208,7 @@ def test_num_kv_splits_clamped_per_request():
 
 def test_backend_registry():
     from radixlm.attention import create_attention_backend
-    from radixlm.attention.base import resolve_attention_backend_name
+    from radixlm.attention.factory import resolve_attention_backend_name
     from radixlm.attention.triton_backend import TritonAttentionBackend
 
     assert resolve_attention_backend_name("auto", torch.device("cpu")) == "torch"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from radixlm.attention.base import triton_available
+from radixlm.attention.factory import triton_available
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install triton)")

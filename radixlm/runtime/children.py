@@ -1,0 +1,78 @@
+"""The server's child processes: spawn the scheduler (and this host's other TP ranks) and the
+detokenizer, wait for SchedulerReady, stop them, watch for one dying.
+
+Children are spawned (not forked), ask the kernel to kill them when their parent dies, and
+are terminated on the way out (docs/architecture.md, "Processes")."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import zmq
+
+from radixlm.config import ServerArgs
+from radixlm.ipc import IpcEndpoints, loads, make_socket
+from radixlm.messages import SchedulerFailed, SchedulerReady
+from radixlm.runtime.detokenizer_process import run_detokenizer_process
+from radixlm.runtime.scheduler_process import run_scheduler_process
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def start_children(args: ServerArgs, endpoints: IpcEndpoints,
+                   timeout_s: float = 1800.0) -> tuple[list[mp.Process], SchedulerReady]:
+    """Spawn scheduler + detokenizer; block until the scheduler reports ready."""
+    ctx = mp.get_context("spawn")
+    zctx = zmq.Context.instance()
+    control = make_socket(zctx, zmq.PULL, endpoints.control, bind=True)
+    if args.tp_size > 1:  # every rank must get the same rendezvous address
+        from radixlm.runtime.distributed import resolve_dist_init_addr
+        args = resolve_dist_init_addr(args)
+    procs = [ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="scheduler", daemon=True),
+             ctx.Process(target=run_detokenizer_process, args=(args, endpoints), name="detokenizer", daemon=True)]
+    for p in procs:
+        p.start()
+    if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks
+        from radixlm.runtime.tp_ranks import spawn_follower_ranks
+        procs += spawn_follower_ranks(args, 1)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if control.poll(500):
+                msg = loads(control.recv())
+                if isinstance(msg, SchedulerFailed):
+                    raise LaunchError(f"the scheduler could not start:\n{msg.error}")
+                assert isinstance(msg, SchedulerReady)
+                return procs, msg
+            dead = [p.name for p in procs if not p.is_alive()]
+            if dead:
+                raise LaunchError(f"child process exited during start-up: {', '.join(dead)}")
+        raise LaunchError(f"the scheduler did not become ready in {timeout_s:.0f} s")
+    except BaseException:
+        stop_children(procs)
+        raise
+    finally:
+        control.close()
+
+
+def stop_children(procs: list[mp.Process]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+
+
+def watch_children(procs: list[mp.Process], on_death) -> None:
+    """Thread: when a child dies unexpectedly, call on_death once."""
+    while True:
+        for p in procs:
+            if not p.is_alive():
+                on_death(p)
+                return
+        time.sleep(0.5)
