@@ -32,13 +32,15 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(model: str, *flags: str, startup_s: float = 180) -> Iterator[RunningServer]:
-    """Start `radixlm serve --model MODEL FLAGS...` on a free port, wait until healthy,
-    stop it afterwards (SIGTERM) and check that none of its processes outlives it."""
+def running_server(model: str | None, *flags: str,
+                   startup_s: float = 180) -> Iterator[RunningServer]:
+    """Start `radixlm serve --model MODEL FLAGS...` (model None: the default model) on a
+    free port, wait until healthy, stop it afterwards (SIGTERM) and check that none of its
+    processes outlives it."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-test-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "radixlm", "serve", "--model", model, "--port", str(port),
-           *flags]
+    cmd = [sys.executable, "-m", "radixlm", "serve", *(["--model", model] if model else []),
+           "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     server = RunningServer(f"http://127.0.0.1:{port}", proc, log.name)
     started: set[int] = set()

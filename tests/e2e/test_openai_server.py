@@ -7,9 +7,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shlex
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.process_tree import descendants, free_port, terminate_tree, wait_healthy
+from tests.server_harness import assert_pool_free, running_server
 
 
 def _have_default_model() -> bool:
@@ -46,33 +43,9 @@ CHAT = [{"role": "user", "content": "What is 2+2?"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
-           "--max-total-tokens", "4096", "--max-running-requests", "8", *EXTRA_SERVER_ARGS]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    started: set[int] = set()
-
-    def log_tail() -> str:
-        log.flush()
-        with open(log.name) as f:
-            return f.read()[-4000:]
-
-    try:
-        wait_healthy(proc, url, STARTUP_TIMEOUT_S, log_tail, poll_s=0.5)
-        started = descendants(proc.pid)
-        yield url
-    finally:
-        if proc.poll() is None:
-            started = descendants(proc.pid)
-        obeyed, orphans = terminate_tree(proc, started)
-        if not obeyed:
-            pytest.fail(f"server ignored SIGTERM:\n{log_tail()}")
-        log.close()
-        os.unlink(log.name)
-        assert not orphans, f"child processes left after SIGTERM: {orphans}"
-
+    with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8",
+                        *EXTRA_SERVER_ARGS, startup_s=STARTUP_TIMEOUT_S) as srv:
+        yield srv.url
 
 @pytest.fixture(scope="module")
 def client(server: str) -> Any:
@@ -83,16 +56,7 @@ def client(server: str) -> Any:
 def pool_invariant(server: str) -> Iterator[None]:
     """After every test: once the scheduler is idle, every KV slot is free again."""
     yield
-    deadline = time.monotonic() + 30
-    while True:
-        pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
-        if pool["running"] == 0 and pool["waiting"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)  # aborted streams are freed at the scheduler's next step
-    assert pool["invariant_error"] is None, pool
-    assert pool["running"] == 0 and pool["waiting"] == 0, pool
-    assert pool["held_by_requests"] == 0, pool
-    assert pool["free_kv_slots"] + pool["held_by_cache"] == pool["total_kv_slots"], pool
+    assert_pool_free(server)
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +256,7 @@ def test_get_server_info_reports_the_scheduler_start_up(server: str, monkeypatch
     import torch
 
     from radixlm.runtime import cpu_features
-    from radixlm.executor.model_runner import choose_dtype
+    from radixlm.runtime.device import choose_dtype
     from radixlm.runtime.process_threads import physical_cores
 
     info = httpx.get(server + "/get_server_info", timeout=30).json()

@@ -7,11 +7,6 @@ grammar counters, and after every test the pool invariant holds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.process_tree import descendants, free_port, terminate_tree, wait_healthy
+from tests.server_harness import assert_pool_free, running_server
 
 pytestmark = [pytest.mark.slow, requires_default_model]
 openai = pytest.importorskip("openai")
@@ -45,31 +40,8 @@ PERSON = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-e2e-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "radixlm", "serve", "--port", str(port),
-           "--max-total-tokens", "4096", "--max-running-requests", "8"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    started: set[int] = set()
-
-    def log_tail() -> str:
-        log.flush()
-        with open(log.name) as f:
-            return f.read()[-4000:]
-
-    try:
-        wait_healthy(proc, url, 180, log_tail, poll_s=0.5)
-        started = descendants(proc.pid)
-        yield url
-    finally:
-        if proc.poll() is None:
-            started = descendants(proc.pid)
-        obeyed, orphans = terminate_tree(proc, started)
-        log.close()
-        os.unlink(log.name)
-        assert obeyed and not orphans
-
+    with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8") as srv:
+        yield srv.url
 
 @pytest.fixture(scope="module")
 def client(server: str) -> Any:
@@ -78,16 +50,9 @@ def client(server: str) -> Any:
 
 @pytest.fixture(autouse=True)
 def pool_invariant(server: str) -> Iterator[None]:
+    """After every test: once the scheduler is idle, every KV slot is free again."""
     yield
-    deadline = time.monotonic() + 30
-    while True:
-        pool = httpx.get(server + "/server_info", timeout=30).json()["pool"]
-        if pool["running"] == 0 and pool["waiting"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert pool["invariant_error"] is None, pool
-    assert pool["held_by_requests"] == 0, pool
-    assert pool["free_kv_slots"] + pool["held_by_cache"] == pool["total_kv_slots"], pool
+    assert_pool_free(server)
 
 
 def _check_call(call: Any, tools: list[dict]) -> None:
