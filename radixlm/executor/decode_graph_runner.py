@@ -42,9 +42,19 @@ import torch
 from radixlm.forward_batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from radixlm.executor.model_runner import ModelRunner
+    from radixlm.mem import ReqToTokenPool, TokenToKVPool
 
 logger = logging.getLogger(__name__)
+
+
+class EagerRunner(Protocol):
+    """What the graphs capture (executor/model_runner.py's ModelRunner): the eager forward
+    over the pools on one device."""
+    device: torch.device
+    req_to_token_pool: "ReqToTokenPool"
+    token_to_kv_pool: "TokenToKVPool"
+
+    def run_model(self, fb: ForwardBatch) -> torch.Tensor: ...
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -125,7 +135,7 @@ class _StaticInputs:
 
 
 class DecodeGraphRunner:
-    def __init__(self, runner: "ModelRunner", batch_sizes: list[int],
+    def __init__(self, runner: EagerRunner, batch_sizes: list[int],
                  graph_factory: GraphFactory | None = None, kind: str = "CUDA graphs") -> None:
         """kind: what the graphs are, for the log line."""
         self.runner = runner

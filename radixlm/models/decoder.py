@@ -20,13 +20,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixlm.attention import RadixAttention
-from radixlm.cpu_kernels.ops import eager_kernels
 from radixlm.models.linear import (DenseLinear, LinearMethod, LinearPolicy, as_dense,
                                    make_linear_method)
+from radixlm.models.mlp import GatedMLP
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
 from radixlm.models.parallel_layers import (ColumnParallelLinear, ParallelLMHead,
@@ -85,36 +84,6 @@ class Attention(nn.Module):
             q = apply_rotary(self.q_norm(q.reshape(t, -1, d)).view(t, -1), *rope, d)
             k = apply_rotary(self.k_norm(k.reshape(t, -1, d)).view(t, -1), *rope, d)
         return self.o_proj(self.attn(q, k, v, forward_batch))
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-GELU (GeGLU); rows of
-    gate_up_proj are [gate; up]. `reduce=False` leaves the row-parallel sum to the caller
-    (a MoE block adds its experts first, then all-reduces once)."""
-
-    def __init__(self, config: ModelConfig, ctx: ParallelContext,
-                 intermediate_size: int | None = None, reduce: bool = True) -> None:
-        super().__init__()
-        # Each rank: its intermediate/tp gate rows, then the same up rows, so chunk(2)
-        # below pairs gate and up of the same features.
-        inter = intermediate_size or config.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(
-            config.hidden_size, [even_shard(s, inter, ctx, "intermediate features")
-                                 for s in ("gate", "up")],
-            bias=config.mlp_bias, ctx=ctx)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=config.mlp_bias,
-                                           ctx=ctx, what="intermediate features",
-                                           reduce=reduce)
-        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        kernels = None if self.gelu else eager_kernels(gate_up)
-        if kernels is not None:
-            return self.down_proj(kernels.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixlm.models.mlp import GatedMLP
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import ParallelContext
 from radixlm.models.parallel_layers import ColumnParallelLinear, ColumnShard
@@ -31,8 +32,6 @@ from radixlm.models.parallel_layers import ColumnParallelLinear, ColumnShard
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
-        from radixlm.models.decoder import GatedMLP
-
         super().__init__()
         self.ctx = ctx
         self.num_experts = config.num_experts

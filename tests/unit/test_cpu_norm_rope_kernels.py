@@ -1,6 +1,6 @@
 """The eager CPU RMSNorm (alone and with the residual add), RoPE and SiLU * up kernels
 (cpu_kernels/norm_rope.cpp) give the torch code's results (rms_norm.py, rope.py,
-decoder.py's GatedMLP; the model logit tests run whole models through them): exactly up to float32 summation order, and to the same bf16
+mlp.py's GatedMLP; the model logit tests run whole models through them): exactly up to float32 summation order, and to the same bf16
 rounding points."""
 
 from __future__ import annotations
