@@ -11,70 +11,7 @@ serial loop: a step processes the batch it just launched. Both loops are this on
 over the same helpers (`_next_batch`, `_launch`, `_process`); only which batch is
 processed differs.
 
-Lag (overlap): batch N+1 is built before batch N's tokens are known.
-  * Everything that does not depend on the sampled tokens happens at launch (`_launch`):
-    kv_len advances, the extends' prompt KV goes into the radix cache, finished prompts
-    join `running`, chunks go back to the queue. The tokens are processed one step later
-    (`_process`): appended, stop checks, streaming.
-  * A decode input whose token is still being sampled is a placeholder resolved on the
-    forward thread from the token relay (`Req.pending_samples`, `ScheduleBatch`).
-  * A request that finishes in batch N is still in batch N+1: the extra token is dropped
-    (`OutputProcessor` skips finished requests), never sent. It is answered when found
-    finished, but its row and KV slots are released only when no launched batch contains
-    it any more (`Req.inflight`, `finishing`): nothing rewrites a row a forward may read.
-  * Freed KV slots may be handed to the next batch at once: it runs after the batch that
-    last read them (the worker runs batches in launch order).
-  * Out of KV slots for a decode: the launched batch is finished first (its finished
-    requests give slots back); retraction then happens with nothing in flight, exactly as
-    in the serial loop. So outputs, seeded samples included, are identical in both loops.
-
-Admission round: when requests wait and a req_to_token row is free, the SchedulePolicy
-(`policy.py`, `--schedule-policy fcfs|lpm`) reorders the waiting queue; then candidates are
-scanned from its head. Each is matched against the radix cache and offered to the
-PrefillAdder; the first the budgets refuse ends the round.
-In-batch prefix sharing (radix cache only): a candidate whose uncached tokens share at
-least IN_BATCH_PREFIX_MIN (32) tokens with what a request admitted earlier in the same
-round computes is deferred -- it keeps its place in the queue and the scan goes on with
-the next candidate. Right after every extend, each request's computed prompt KV is put in
-the radix cache (`cache_unfinished_req`), so in the next step the deferred request finds
-the shared prefix cached and computes only its own suffix: requests arriving together
-with a common prefix compute it once.
-
-KV reserve for decoding (`new_token_ratio`, as in SGLang): admission reserves, for every
-running and admitted request, ceil(remaining max_new_tokens * new_token_ratio) slots
-(`prefill_adder.expected_growth`). The ratio starts at --init-new-token-ratio (0.7),
-decays by --new-token-ratio-decay per decode step down to --min-new-token-ratio (0.1), so
-admission grows bolder while decoding runs without trouble; a retraction shows it was too
-bold and resets it to the initial value, and so does going idle.
-
-Chunked prefill: a prompt larger than the prefill budget is computed one chunk per step.
-After each chunk its KV goes into the radix cache (`cache_unfinished_req`) and the request
-waits at the head of the queue, holding its row, for the next chunk; no token is sampled
-(nor a seeded generator advanced) before its last chunk. A step that ran a chunk is
-followed by a decode step when requests are running, so their streams keep flowing --
-unless mixed chunk is on (`--enable-mixed-chunk`): then every EXTEND batch formed while
-requests are running is a MIXED batch in which each running request decodes its next
-token as a one-token extend (SGLang's mixed chunked prefill), so decodes flow in every
-step and no alternation is needed. Mixed decodes are processed as decode outputs (they
-stay in `running`); the new-token ratio decays only in pure decode steps, as in SGLang.
-The same `step()` drives the scheduler process (`runtime/scheduler_process.py`) and the offline
-`Engine`; there is one loop, not two.
-
-Pages (`--page-size`): the KVSlotAllocator hands out whole pages and the RadixCache is
-built with the same page size, so prefix matches are page-granular (a match is cut to whole
-pages) and a request owns its partly filled last page; see `mem/kv_slot_allocator.py`.
-
-Cache statistics: `prompt_tokens_total` / `cached_tokens_total` count the prompt tokens of
-requests at their first admission, and how many of them the radix cache served
-(`PoolStats.cache_hit_rate`, shown by `/server_info`). Readmissions after a retraction and
-later chunks of a chunked prefill are not counted again.
-
-Ownership of KV slots: positions [0, cached_len) of a request's req_to_token row are the
-RadixCache's slots of its matched prefix (locked through `req.last_node` while it runs);
-positions [cached_len, kv_len) are the request's own (`kv_len` advances by `commit_kv`
-after each forward). Finishing, aborting or retracting a request hands its KV to the
-cache (`cache_finished_req`), which keeps what is new and frees duplicates.
-`check_invariant()` verifies free + held by the cache + held by requests == total.
+More: docs/scheduler.md, "scheduler/scheduler.py".
 """
 
 from __future__ import annotations
@@ -93,15 +30,17 @@ from radixlm.forward_batch import ForwardMode
 from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.runtime.host_malloc import release_free_heap
-from radixlm.mem import PoolInvariantError, check_pool_invariant
+from radixlm.mem import PoolInvariantError
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
-from radixlm.scheduler.oom_recovery import launch_allowed
+from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
-from radixlm.scheduler.request_oom import fail_oom_requests, release
+from radixlm.scheduler.queues import Queues, RunLimits
+from radixlm.scheduler.request_kv import RequestKV
+from radixlm.scheduler.request_oom import fail_oom_requests
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.schedule_batch import OutOfKVSlots, ScheduleBatch
 
@@ -153,14 +92,14 @@ class Scheduler:
         self.page_size = runner.allocator.page_size
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
                                      page_size=self.page_size, disable=disable_radix_cache)
+        self.kv = RequestKV(runner.req_to_token_pool, runner.allocator, self.tree_cache)
         self.enable_mixed_chunk = enable_mixed_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.max_prefill_tokens = max_prefill_tokens
+        self.limits = RunLimits(max_prefill_tokens, runner.max_running_requests)
         self.chunked_prefill_size = chunked_prefill_size  # <= 0: no chunking
         self.last_step_was_chunk = False
         self.rng = random.Random(random_seed)
-        self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []
+        self.queues = Queues()
         self.outbox: list[ReqTokenOut] = []
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
                                                 runner.device)
@@ -168,9 +107,6 @@ class Scheduler:
         self.overlap = overlap
         self.worker = ForwardWorker(runner, inline=not overlap)
         self.inflight: LaunchedBatch | None = None  # overlap: launched, not yet processed
-        # Finished (or aborted) requests already answered whose row and slots wait for
-        # the launched batch that still contains them (`Req.inflight`) to complete.
-        self.finishing: list[Req] = []
         self.num_retractions = 0
         # Prompt tokens of requests at their first admission, and how many of them were
         # served from the radix cache (the cache hit rate in PoolStats).
@@ -181,6 +117,47 @@ class Scheduler:
         self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
+        self.oom = OOMRecovery(self.kv, self.queues, self.limits, runner, chunked_prefill_size,
+                               settle=self.finish_inflight, answer=self._answer)
+
+    # --- queues and limits (scheduler/queues.py) ----------------------------------
+
+    @property
+    def waiting(self) -> deque[Req]:
+        return self.queues.waiting
+
+    @waiting.setter
+    def waiting(self, value: deque[Req]) -> None:
+        self.queues.waiting = value
+
+    @property
+    def running(self) -> list[Req]:
+        return self.queues.running
+
+    @running.setter
+    def running(self, value: list[Req]) -> None:
+        self.queues.running = value
+
+    @property
+    def finishing(self) -> list[Req]:
+        """Finished (or aborted) requests already answered whose row and slots wait for
+        the launched batch that still contains them (`Req.inflight`) to complete."""
+        return self.queues.finishing
+
+    @finishing.setter
+    def finishing(self, value: list[Req]) -> None:
+        self.queues.finishing = value
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        return self.limits.max_prefill_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.limits.max_running_requests
+
+    def _answer(self, req: Req) -> None:
+        self.outbox.append(self.output_processor.make_output(req))
 
     # --- limits the API process must know ---------------------------------------
 
@@ -270,7 +247,7 @@ class Scheduler:
                 self.constrained.wait(0.05)  # only grammars compiling: do not spin
             self._admit_compiled()
         batch = self._next_batch()
-        if batch is not None and not launch_allowed(self, batch):
+        if batch is not None and not self.oom.launch_allowed(batch):
             batch = None  # over the activation budget: undone, retried smaller or failed
         launched = self._launch(batch) if batch is not None else None
         if self.overlap:
@@ -321,7 +298,7 @@ class Scheduler:
                 if req.inflight:
                     still.append(req)
                 else:
-                    release(self, req)  # to the cache (minus what a failed forward wrote)
+                    self.kv.release(req)  # to the cache (minus what a failed forward wrote)
             self.finishing = still
 
     def _next_batch(self) -> ScheduleBatch | None:
@@ -336,7 +313,7 @@ class Scheduler:
         adder = PrefillAdder(free_kv_slots=runner.allocator.available_size()
                              + self.tree_cache.evictable_size(),
                              free_rows=min(runner.req_to_token_pool.available_size(),
-                                           runner.max_running_requests - len(self.running)),
+                                           self.limits.max_running_requests - len(self.running)),
                              prefill_budget=min(self.max_prefill_tokens, chunk) if chunk > 0
                              else self.max_prefill_tokens,
                              chunking=chunk > 0, running=self.running,
@@ -394,12 +371,7 @@ class Scheduler:
             if locked:
                 adder.kv_budget += cache.dec_lock_ref(match.last_node)
             return REFUSED
-        pool = self.runner.req_to_token_pool
-        req.req_pool_idx = pool.alloc()
-        assert req.req_pool_idx is not None, "PrefillAdder checks free req_to_token rows"
-        pool.write(req.req_pool_idx, 0, match.device_indices)
-        req.last_node = match.last_node if locked else None
-        req.cached_len = match.prefix_len
+        self.kv.admit(req, match, locked)
         if req.retractions == 0:  # first admission: the usage and the hit-rate statistics
             req.cached_tokens = match.prefix_len
             self.prompt_tokens_total += len(req.input_ids)
@@ -445,8 +417,7 @@ class Scheduler:
         self.new_token_ratio = self.init_new_token_ratio
         partial = next((r for r in self.waiting if r.req_pool_idx is not None), None)
         if partial is not None:
-            self.tree_cache.cache_finished_req(partial)  # restarts from a cache hit
-            partial.retractions += 1
+            self.kv.retract(partial)  # restarts from a cache hit
             self.num_retractions += 1
             return
         if len(batch.reqs) <= 1:
@@ -455,8 +426,7 @@ class Scheduler:
         victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
         self.running.remove(victim)
         # Its KV goes to the cache, so re-admission is a cheap prefix hit.
-        self.tree_cache.cache_finished_req(victim)
-        victim.retractions += 1
+        self.kv.retract(victim)
         self.num_retractions += 1
         self.waiting.appendleft(victim)
         logger.info("retracted %s (%d output tokens) to free KV slots", victim.rid,
@@ -484,7 +454,7 @@ class Scheduler:
             # at once. It is done before the forward starts: duplicates found here are
             # positions only this batch computes, so no running forward sees its row change.
             for r in extends:
-                self.tree_cache.cache_unfinished_req(r)
+                self.kv.commit(r)
             chunked = [r for r in extends if r.kv_len < r.seq_len]
             for r in reversed(chunked):  # mid-prompt: wait at the head for the next chunk
                 self.waiting.appendleft(r)
@@ -514,7 +484,7 @@ class Scheduler:
         streaming)."""
         sampled = self.worker.wait(done.handle)
         if sampled is not None and sampled.failed:
-            fail_oom_requests(self, done.batch, sampled.failed)
+            fail_oom_requests(done.batch, sampled.failed, self.kv, self.queues, self._answer)
         for r in done.batch.reqs:
             r.inflight -= 1
         for r in done.sampling_reqs:
@@ -549,18 +519,11 @@ class Scheduler:
 
     def held_by_requests(self) -> int:
         """KV slots owned by requests (a partly filled last page counts whole)."""
-        return sum(RadixCache.held_by_request(r, self.page_size)
-                   for r in [*self.running, *self.waiting, *self.finishing])
+        return self.kv.held_by(self.queues.holders())
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
-        check_pool_invariant(self.runner.allocator, self.held_by_requests(),
-                             self.tree_cache.total_size())
-        rows_used = self.runner.req_to_token_pool.size - self.runner.req_to_token_pool.available_size()
-        held_rows = sum(r.req_pool_idx is not None
-                        for r in [*self.running, *self.waiting, *self.finishing])
-        if rows_used != held_rows:
-            raise PoolInvariantError(f"req_to_token rows leak: {rows_used} used, {held_rows} held")
+        self.kv.check(self.queues.holders())
 
     def flush_cache(self, rid: str = "") -> FlushCacheResult:
         """Empty the radix cache (all its slots back to the allocator). Refused while any
