@@ -1,4 +1,4 @@
-"""`radixlm serve | generate | bench | memory`: the command line, flags generated from ServerArgs."""
+"""`radixlm serve | generate | bench | memory | router`: the command line, flags generated from ServerArgs."""
 
 from __future__ import annotations
 

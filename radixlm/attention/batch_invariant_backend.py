@@ -8,27 +8,7 @@ from the unpadded one), SDPA picks its blocking from the query and key counts (t
 prompt token computed in a prefill differs from the same token computed alone, as after
 a radix cache hit or a chunk boundary), and batched GEMMs pick kernels by shape.
 
-Here every query is computed the same way wherever it comes from:
-  * query tiles: a request's new tokens are cut into tiles of Q_TILE consecutive tokens
-    (a decode is one tile holding one token), padded with zero queries. All heads that
-    share a KV head are rows of the same tile, so a tile is R = Q_TILE * group rows.
-  * key tiles: keys are cut at fixed absolute positions [j*KV_TILE, (j+1)*KV_TILE). A
-    query at position p visits key tiles 0..p // KV_TILE (its tile visits as many as its
-    last query needs; for the others the extra tiles are fully masked and add exactly 0).
-  * scores and P@V of one (query tile, key tile) pair are fixed-shape GEMMs ([R, d] x
-    [d, KV_TILE] and [R, KV_TILE] x [KV_TILE, d], batched with torch.bmm): a row's result
-    depends only on its own operands, never on the other rows or the batch count.
-  * softmax in two passes, in fixed order: pass 1 takes each row's maximum over all its
-    key tiles (max is exact, order-free); pass 2 adds exp(s - max) and exp(s - max) @ V
-    tile by tile, j = 0, 1, ... Keys beyond a query (causal mask, padding to the tile)
-    get weight exp(-inf) = 0 and add exactly 0. No online rescaling, so no data-dependent
-    exp of a differently laid out tensor.
-Everything is computed in float32 and cast back to the query dtype.
-
-Cost vs the torch backend: a decode computes Q_TILE query rows for one token (cheap: the
-key gather dominates); a prefill gathers each key tile once per query tile (Q_TILE
-queries), not once per request; scores are kept between the passes; Python loops over
-key tiles. See docs/benchmarks.md for the measured overall overhead.
+More: docs/deterministic.md, "attention/batch_invariant_backend.py".
 """
 
 from __future__ import annotations

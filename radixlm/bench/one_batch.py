@@ -11,10 +11,7 @@ small B, bound by memory) plus each request's whole K and V. Bytes per step:
              where seq_len = prompt_len + k at decode step k (1-based: the step that
              samples token k+1 attends over the prompt and k generated tokens).
 
-Achieved bandwidth = bytes / step time; its share of the device's bandwidth, measured on
-the spot by copying a large buffer (bytes read + bytes written over the time; the best of
-several copies), is the roofline share. Overheads outside the model (scheduler, sampling)
-are inside the step time, so the share is an end-to-end figure.
+More: docs/bench-tools.md, "bench/one_batch.py".
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`radixlm bench soak --minutes N`: a long mixed workload and what it leaves behind.
 
-`concurrency` client loops run until the time is up; each request is drawn (seeded) from
-a mix:
-  * stream  -- a streamed /v1/completions read to its end (one of a few shared prefixes
-               plus a random suffix, so the radix cache shares and evicts);
-  * unary   -- a non-streamed /v1/chat/completions;
-  * cancel  -- a stream the client hangs up on after a few events;
-  * bad     -- an invalid request (seed -3, a message without content, a malformed body,
-               max_tokens -1) that must be a 4xx with an OpenAI-style body;
-  * timeout -- a long stream with `timeout` set, which must end with a 408 error event.
-Every `window_s` the samples are summarized: RSS of every process of the server (the API
-process and its children), requests by kind and outcome, p50/p99 latency of complete
-requests. Every `idle_every_s` the clients pause, the run waits for the server to go
-idle and reads /server_info: KV slots held by requests (must be 0), free + cached ==
-total, the invariant; then the clients resume. Outcomes that count against the server:
-any 5xx, a transport error, a request without its final answer (lost), an invalid
-request not answered 4xx, a leaked slot. The goal: flat RSS, all of those zero.
+More: docs/bench-tools.md, "bench/soak.py".
 """
 
 from __future__ import annotations

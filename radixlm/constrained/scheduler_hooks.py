@@ -1,20 +1,6 @@
 """ConstrainedDecoding: the scheduler's one handle on structured output.
 
-The scheduler calls it at five points and nothing else:
-  * `add(req)` for a request whose SamplingParams carry a Constraint (it waits in the
-    GrammarQueue instead of the waiting queue);
-  * `ready()` at the start of each step: requests whose grammar is compiled go to the
-    waiting queue (the caller appends them), failures are finished with a 400 error;
-  * `step_for(sampling_reqs)` at launch: a GrammarStep when any row is constrained, else
-    None -- the only per-step cost of an unconstrained batch is this one `any(...)`;
-  * `accept(req, token)` when a sampled token is appended: the matcher advances; a
-    terminated grammar finishes the request with "stop";
-  * `abort(rid)` and `shutdown()`.
-Nothing is built (no xgrammar import, no compile threads) before the first constrained
-request arrives.
-
-Retraction needs no rollback: a retracted request keeps its output tokens (they are
-recomputed from the radix cache, not re-sampled), so its matcher's state stays right.
+More: docs/scheduler.md, "constrained/scheduler_hooks.py".
 """
 
 from __future__ import annotations

@@ -6,17 +6,7 @@ RoPE, SiLU x up, residual adds, the KV write) into generated C++ and calls the m
 the attention kernel as external ops, so the step no longer pays per-op dispatch and
 Python for each of its ~1,000 small ops.
 
-- Shapes are static (dynamic=False) and the whole step is one graph (fullgraph=True): the
-  attention backend must read no host values in decode (`supports_decode_graphs`).
-- Freezing is on: the weights become constants, which is what inductor's oneDNN linear
-  lowering needs for the prepacked weights (and without which the graphs measured no
-  faster than eager at batch 32: docs/benchmarks.md).
-- Inductor's caches live under `cache_root()/inductor` (unless TORCHINDUCTOR_CACHE_DIR is
-  set): a second start reuses the compiled C++ kernels, though not whole frozen graphs
-  (575 s -> 335 s for 8 batch sizes on a loaded 2-core machine).
-- After capture, guards are evaluated only as far as needed to pick the graph
-  (skip_guard_eval_unsafe): the static buffers, pools and weights a graph reads never
-  change identity, and the batch size alone tells the graphs apart.
+More: docs/executor.md, "executor/compiled_graph.py".
 """
 
 from __future__ import annotations

@@ -1,48 +1,7 @@
 """Streams of the forward worker: how a batch's inputs reach the device and its sampled
 tokens come back, without the scheduler thread ever waiting for a running forward.
 
-Who does what (CUDA):
-
-  * scheduler stream -- the scheduler thread's current stream. The scheduler's own pool
-    bookkeeping runs there as small device ops: the KV slot allocator's free list, the
-    req_to_token writes of a new batch, the radix cache, penalty state of new requests.
-    None of it waits for a forward: the forward runs on another (non-blocking) stream.
-  * host staging -- the batch builders (`ScheduleBatch.prepare_for_*`, `Scheduler._launch`)
-    build every input they derive from Python lists as a HOST tensor (input_ids,
-    positions, req_pool_indices, seq_lens, logits_indices, future_token_idx/rows, keep,
-    rows; and the SamplingBatchInfo, whose penalty counts the task attaches). Only
-    out_cache_loc, which the allocator hands out, is a device tensor from the scheduler
-    stream.
-  * copy stream -- `stage` (scheduler thread, at launch) packs the host tensors of a task
-    into one pinned buffer per dtype and copies each with non_blocking=True on the copy
-    stream, so the copy overlaps the forward still running; the task's device tensors are
-    views of those buffers. `inputs_ready` marks the end of the copies on the copy stream,
-    `pools_ready` the end of the scheduler stream's writes for this task.
-  * forward stream -- the forward thread runs each task under it (`running`): it first
-    waits for `inputs_ready` and `pools_ready` (device-side waits; the host never blocks),
-    records the task's start timing event, runs forward + sampling, copies the sampled
-    token ids into a pinned host tensor (`to_host`, non_blocking) and records the end
-    timing event, which also marks "results on the host".
-  * results -- `finish` (scheduler thread, `ForwardWorker.wait`) synchronizes on the end
-    event: the one host sync on the critical path, one step late in the overlap loop; then
-    `OutputProcessor.process` reads a host tensor. The timing events are complete then, and
-    go to `StepTimer.device_task_done` (the bubble on the device clock).
-
-Memory lifetime across streams (the caching allocators reuse freed blocks per stream):
-  * device tensors read on the forward stream but allocated on another stream (the uploads,
-    out_cache_loc) get `record_stream(forward)`: their blocks are not reused before the
-    forward stream's work queued at the time they are freed has finished;
-  * a pinned host buffer is not written again before its async copy finished: it is never
-    reused by us, and PyTorch's caching host allocator, which owns it, records an event at
-    each non_blocking copy and hands the block out again only once that event completed;
-  * the forward stream allocates its own activations and results, and the scheduler frees
-    a request's penalty tensors, rows and slots only after the last task reading them was
-    waited for (`Req.inflight`).
-
-The CPU (`HostStreams`) has one device and host memory: no pinned memory (it needs CUDA),
-no copies, `stage` returns its inputs unchanged, `to_host` is the identity, and timing is
-the host clock around the task -- exactly the worker's behaviour before streams existed.
-`make_streams(device)` picks one; forward_worker.py reads the same on both.
+More: docs/executor.md, "executor/cuda_streams.py".
 """
 
 from __future__ import annotations

@@ -11,22 +11,7 @@ a decode batch of B requests runs the graph of the smallest size P >= B. A graph
                     "CPU graph": executor/compiled_graph.py);
     EagerReplayGraph  the forward re-run eagerly (the CPU stand-in in tests).
 
-Static buffers. A graph reads fixed inputs, so every input lives in one buffer of
-max(batch_sizes) rows that all graphs share (graph P reads rows [0, P)); a run copies the
-batch into rows [0, B) and fills the padding rows [B, P) with a dummy request:
-
-    input_ids 0, positions 0, seq_lens 1, req_pool_indices = req_to_token_pool.dummy_row
-    (all zeros: position 0 -> KV slot 0), out_cache_loc 0 (the dummy slot, never handed out)
-
-so a padding row writes its K/V into slot 0 and attends to slot 0 only: it never touches a
-real request's slots and its logits (rows [B, P) of the output) are dropped. `replay`
-returns a view of the first B rows of the graph's output, valid until the next run (the
-next forward runs after this one's sampling, so nothing overwrites it early).
-
-Which batches: DECODE only (prefills vary in token count), B <= max(batch_sizes), and an
-attention backend whose decode reads only the batch's tensors, no host values
-(`AttentionBackend.supports_decode_graphs`: triton; torch on the CPU with its C++ decode
-kernel). Everything else runs eagerly.
+More: docs/executor.md, "executor/decode_graph_runner.py".
 """
 
 from __future__ import annotations

@@ -12,24 +12,7 @@ Both modes run the very same `ForwardTask` on the same `ModelRunner`:
     returns a finished future (the serial loop);
   * `inline=False` (default): one worker thread runs tasks in launch order.
 
-Ordering invariant (what makes the overlap safe): tasks run strictly one after another in
-launch order. So everything a task writes (K/V slots, the token relay, penalty counts,
-generator states) is written before the next task reads it, and a KV slot or a relay entry
-the scheduler recycles while task N runs is only written again by a task launched later.
-The scheduler must still not rewrite a req_to_token row that a launched-but-unfinished
-task reads (see `scheduler.py`, "Lag").
-
-Devices (`cuda_streams.py`, `make_streams`): on the CPU a task's tensors are used where
-the scheduler built them. On CUDA the task runs on a dedicated forward stream; the
-scheduler builds its inputs as host tensors, `launch` uploads them on a copy stream
-(pinned, non_blocking) and the forward stream waits for them on the device; the sampled
-tokens come back in a pinned host tensor, and `wait` returns once they are there. So the
-scheduler thread never waits for a running forward except in `wait`, one step late.
-
-Timing (`step_timer.py`, `StepTimer`): the start and end of each task -- on the host clock
-on the CPU, from CUDA events on the forward stream on CUDA; the gap between the end of one
-forward and the start of the next, while the scheduler had work all along, is the
-*bubble*: the device waiting for the CPU.
+More: docs/executor.md, "executor/forward_worker.py".
 """
 
 from __future__ import annotations

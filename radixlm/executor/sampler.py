@@ -1,21 +1,6 @@
 """Sampler: logits of the last position of each request -> next token (+ logprobs).
 
-Order of operations (as in vLLM/SGLang):
-  1. penalties on the raw logits: repetition (prompt + output tokens, HF's divide/
-     multiply rule), frequency and presence (output tokens, OpenAI's subtract rule);
-  2. greedy rows take the argmax;
-  3. other rows: divide by temperature, softmax, cut by top_k, top_p, min_p, renormalize,
-     then draw with the request's own torch.Generator, so a request's samples depend only
-     on its seed and its own logits, never on its batch neighbours.
-     Deterministic mode (--enable-deterministic-inference, `Sampler(deterministic=True)`):
-     no generator state at all; the draw of the token at position p is the inverse CDF of
-     the filtered distribution at u = hash(seed, p) (`deterministic_uniform`), summed in
-     vocabulary order. It depends only on (seed, position, distribution): not on the
-     batch, on retractions, or on how many draws the request made before.
-Logprobs are those of the model's distribution (log_softmax of the raw logits); they leave
-the sampler as device tensors (`LogprobTensors`) and become Python numbers on the
-scheduler thread, after the one-step-late wait for the batch.
-Per-step Python work is a loop over the batch (generator draws), never over tokens.
+More: docs/executor.md, "executor/sampler.py".
 """
 
 from __future__ import annotations

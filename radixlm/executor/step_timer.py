@@ -11,13 +11,7 @@ all along: the device waiting for the CPU. It is measured on one of two clocks:
     pair to `device_task_done`, which takes forward time and the gap since the previous
     task's end from `Event.elapsed_time` (milliseconds).
 
-Idle rule (both clocks): a gap that follows `mark_idle` (the scheduler had no work at all)
-is not bubble. On the host clock `mark_idle` forgets the last forward's end. On the device
-clock the events are read a step late, so the rule is captured at launch instead:
-`launched()` says whether `mark_idle` was called since the previous launch, and the task
-carries that answer to `device_task_done`.
-
-`as_dict()` keys feed /metrics and /server_info: keep them stable.
+More: docs/executor.md, "executor/step_timer.py".
 """
 
 from __future__ import annotations

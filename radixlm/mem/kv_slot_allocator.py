@@ -9,36 +9,7 @@ a multiple of the page is rounded down, so `size` may be smaller than asked): pa
 `(s - 1) % page_size` of page `(s - 1) // page_size`. With `page_size == 1` (the default) a
 page is one slot and this is a plain slot free list.
 
-How a request fills its pages
------------------------------
-Position `i` of a request lives at offset `i % page_size` of the request's
-`(i // page_size)`-th page: positions fill pages in order, a new page is taken only when a
-position is page-aligned. `alloc_extend` / `alloc_decode` compute that for a whole batch
-with tensor arithmetic (no per-token Python): a position in the partly filled last page
-takes the slot right after the previous position's slot (`req_to_token[row, i-1] + 1`);
-a page-aligned position takes offset 0 of a fresh page.
-
-Ownership invariant (what makes freeing whole pages correct)
------------------------------------------------------------
-Every page is either in the free list or owned, as a whole, by exactly one owner:
-  * a radix tree node holds whole pages (the RadixCache has the same page size, so its
-    keys, and hence its slot lists, are page-aligned: every node's value is a sequence of
-    whole pages, each starting at offset 0);
-  * a request owns the pages of its positions `[cached_len, kv_len)` -- `cached_len` is
-    page-aligned -- including its partly filled last page, whose unwritten slots belong to
-    nobody else (`RadixCache.held_by_request` counts it whole).
-The allocator therefore only takes back whole pages: `free(slots)` frees every page whose
-FIRST slot (offset 0) is in `slots` and ignores the other slots of the call. Every caller
-gives up ranges of positions that start at a page boundary (a tree node; a request's
-duplicates `[cached_len, new_prefix_len)`; its unaligned tail `[aligned_len, kv_len)`; a
-whole request row), so the first slot of each page it gives up is in the call. A page
-whose first slot is not freed stays allocated (a leak the pool invariant check reports),
-a page freed twice appears twice in the free list (reported too).
-Sizes are counted in slots: `available_size()` = free pages * page_size, and the pool
-invariant free + tree + requests == size holds in slots.
-
-The free list is one int64 tensor of page ids, so alloc and free are slicing and
-`torch.cat` whatever the number of tokens.
+More: docs/memory.md, "mem/kv_slot_allocator.py".
 """
 
 from __future__ import annotations

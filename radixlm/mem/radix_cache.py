@@ -5,65 +5,7 @@ holding their K/V (`TreeNode.value`, int64, same length). The path from the root
 spells a token prefix; the concatenated values along that path are the KV slots of that
 prefix, so a new request whose prompt starts with a cached prefix skips computing it.
 
-Ownership of KV slots
----------------------
-Between two calls into this module every slot `1..allocator.size` of the token_to_kv_pool
-is exactly one of:
-
-* free in the `KVSlotAllocator`;
-* held by the tree: it appears in the `value` of exactly one `TreeNode`
-  (`total_size()` = `evictable_size()` + `protected_size()` counts them);
-* held by a running request: positions `[req.cached_len, req.kv_len)` of its req_to_token
-  row, plus the not yet written rest of its last page when the allocator has pages
-  (`held_by_request(req, page_size)`). Positions `[0, req.cached_len)` of the row are the
-  tree's slots for the request's matched prefix, kept alive by the lock the request holds
-  on `req.last_node`.
-
-so  free + total_size() + sum(held_by_request(r, page) for running r) == allocator.size,
-which `check_invariant(running_reqs)` checks (and `check_tree()` checks the tree itself).
-
-Duplicate-freeing rule
-----------------------
-When a request's computed KV goes into the tree (`cache_finished_req`,
-`cache_unfinished_req`), `insert` returns `new_prefix_len`, the number of leading tokens
-the tree already held. With `aligned_len = kv_len` rounded down to a page multiple:
-
-* `[0, cached_len)`         the tree's own slots (matched at admission): kept, not freed;
-* `[cached_len, new_prefix_len)` this request computed them, but meanwhile another request
-                            inserted the same tokens: duplicates, freed to the allocator;
-* `[new_prefix_len, aligned_len)` the request's slots, now owned by the tree (a new leaf);
-* `[aligned_len, kv_len)`   the unaligned tail (page_size > 1): freed by
-                            `cache_finished_req`, kept by the request in
-                            `cache_unfinished_req` (it still needs them).
-
-`new_prefix_len >= cached_len` always holds because the locked path cannot be evicted.
-
-What the scheduler calls when
------------------------------
-* admission: `m = match_prefix(fill_ids[:seq_len - 1])` (at least one token must be
-  computed to get logits), `inc_lock_ref(m.last_node)`, write `m.device_indices` to
-  positions [0, prefix_len) of the new row; `req.last_node = m.last_node`,
-  `req.cached_len = req.kv_len = m.prefix_len`. Short of slots: `evict(n)` first.
-* after each extend (every prefill chunk, including a request's last):
-  `cache_unfinished_req(req)`, so later requests reuse the prompt's KV at once;
-* finished, aborted or retracted request: `cache_finished_req(req)` (a retracted request
-  then recomputes from a cheap cache hit).
-
-Pages
------
-With `page_size > 1` keys are matched and inserted in whole pages: a key is cut to a
-multiple of `page_size`, children are keyed by their first page (a tuple), and nodes are
-only ever split at page boundaries. The scheduler gives the `KVSlotAllocator` the same page
-size (`--page-size`): then a node's value is a run of whole KV pages and every free above
-frees whole pages (see the allocator's ownership invariant: a range that starts at a page
-boundary is freed by its pages' first slots; a request's unaligned tail is its own partly
-filled last page). The cache's page size must be a multiple of the allocator's; with a
-token-granular allocator (page 1) the page size is the granularity of sharing only.
-A request holding a partly filled last page holds all of it: `held_by_request` counts
-`[cached_len, kv_len)` rounded up to the allocator's page.
-
-No global state: node ids and the LRU clock are per-cache counters, so tests are
-deterministic.
+More: docs/memory.md, "mem/radix_cache.py".
 """
 
 from __future__ import annotations

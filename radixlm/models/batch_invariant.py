@@ -8,16 +8,7 @@ depending only on how many rows M the call has (M = 1, M = 2..3, M >= 4: measure
 docs/deterministic.md); cuBLAS likewise switches tile configs and split-K by M. So a
 request's hidden states depend on how many other tokens share its forward pass.
 
-How: every GEMM is issued on exactly `row_tile` rows. The flat token rows are cut into
-tiles of `row_tile` rows (the last tile zero-padded), and each tile is one fixed-shape
-call. A fixed-shape GEMM computes each output row with the same kernel and the same K
-order whatever the other rows hold (checked: bitwise equal rows at every position of a
-tile with random neighbours), so a row's result depends only on its own input: not on
-the batch size, the chunk boundaries, or its position in the batch. The bias is added
-after the GEMM (an exact elementwise add), never fused (`addmm` may pick another path).
-
-Cost: the last tile's padding (up to row_tile - 1 wasted rows per call; a decode batch of
-one request computes row_tile rows) and one call per tile instead of one per layer.
+More: docs/deterministic.md, "models/batch_invariant.py".
 """
 
 from __future__ import annotations

@@ -4,17 +4,7 @@ The same arithmetic as the `gguf` package's numpy dequantizers (the reference: t
 compare bit for bit), as whole-tensor torch ops on the raw blocks, so they run on torch's
 threads (gguf's numpy code is single-threaded). Other types fall back to gguf.
 
-Layouts (one block per row of `blocks`; all scales little-endian f16 unless noted):
-  Q8_0  34 B / 32 weights: d, 32 x int8.                    w = d * q
-  Q5_0  22 B / 32 weights: d, qh (32 high bits), 16 B of nibbles (low: weights 0-15,
-        high: 16-31).                                        w = d * ((q | h << 4) - 16)
-  Q4_K 144 B / 256 weights, 8 sub-blocks of 32: d, dmin, 12 B of 6-bit scales and mins,
-        128 B of nibbles (byte chunk i: sub-block 2i low, 2i + 1 high nibbles).
-                                                             w = d * sc * q - dmin * m
-  Q5_K 176 B: Q4_K plus 32 B qh before the nibbles; sub-block j's high bit is bit j
-        of qh[k] for its weight k.
-  Q6_K 210 B / 256 weights, 16 sub-blocks of 16: 128 B low nibbles, 64 B of 2-bit highs,
-        16 int8 scales, d.                                   w = d * sc * (q - 32)
+More: docs/models.md, "models/gguf_dequant.py".
 """
 
 from __future__ import annotations

@@ -12,11 +12,7 @@ tokens; the counts are read on the host once per layer (a device sync on CUDA, s
 models are not captured in CUDA graphs). Results are permuted back to (token, choice)
 order and each token's k outputs summed with their weights, in a fixed order.
 
-Tensor parallelism: every expert is a GatedMLP whose intermediate features are split
-across ranks (gate_up column-parallel, down row-parallel without its all-reduce); the
-experts' partial sums are added locally and all-reduced once per layer. The router is
-replicated (a full-rows ColumnParallelLinear). All projections compute through their
-LinearMethods (models/linear/), like the dense layers.
+More: docs/models.md, "models/moe.py".
 """
 
 from __future__ import annotations

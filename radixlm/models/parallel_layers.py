@@ -12,11 +12,7 @@ RowParallelLinear after it splits its input features the same way; each rank com
 partial sum of the output and the all-reduce adds them. Bias of a row-parallel layer is
 added once, after the all-reduce.
 
-A linear layer loads its dense weight (and, when the checkpoint stores them, its exact
-int4 groups: `QuantizedCheckpointTensor`); `finalize_linear(policy)`, called once after
-loading, hands them to the layer's LinearMethod (models/linear/) and from then on the
-method owns the weight. Before that (layers built by hand in tests) the layer computes
-F.linear on its weight.
+More: docs/models.md, "models/parallel_layers.py".
 """
 
 from __future__ import annotations

@@ -4,26 +4,7 @@ Used three ways: the planner sizes the activation pool with the worst case of on
 chunk and of one decode step; the CPU activation budget (`ActivationGuard`) checks each
 real batch before it runs; the OOM diagnosis says how much a failed batch needed.
 
-What is counted (bytes, per tensor-parallel rank; s = activation dtype bytes, T = tokens
-in the batch, N = requests that sample, q/kv = query/KV heads of the rank, d = head dim,
-H = hidden, I = intermediate of the rank, V = vocab). The layers run one after the other,
-so the peak is the largest of these phases of one layer, plus what lives through all of
-them (the hidden state and the residual stream, 2*T*H*s):
-  * norm:      the float32 copies RMSNorm makes, 2*T*H*4, and its output T*H*s;
-  * attention: q|k|v (T*(q+2kv)*d*s), rotated q and k (T*(q+kv)*d*s), the output
-               (T*q*d*s), and the backend's work space:
-      - torch backend, extend: one request at a time: its K and V gathered from the pool
-        (seq*kv*d*(kv bytes + s), the cast to the activation dtype included) and its bool
-        causal mask (ext*seq); decode: K and V of the whole batch gathered into a padded
-        [N, max_len] layout (N*max_len*kv*d*2*(kv bytes + s)), the int64 gather index and
-        bool mask (N*max_len*9);
-      - fused kernels (triton): read the pool in place, nothing extra;
-    SDPA's fused CPU/CUDA kernels do not materialize the score matrix, so none is counted;
-  * MLP: gate|up (2*T*I*s), silu(gate) and the product (2*T*I*s);
-  * logits: N*V*(s + 4) (the projection, then its float32 copy) and the sampler's
-    float32 work on them (softmax, sort and cumsum for top-p/top-k: SAMPLER_COPIES*N*V*4).
-The sum is multiplied by ALLOCATOR_OVERHEAD for the caching allocator's rounding and
-fragmentation. It is an estimate of what this implementation allocates, not a bound.
+More: docs/memory.md, "planning/activation.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """MemoryPlan: the device split into three pools -- weights, KV cache, activations.
 
-Pure arithmetic over the model config, the device facts and the flags (no device is
-touched), so `radixlm memory` and the tests run it anywhere. Sizes are per
-tensor-parallel rank. With W = weight bytes, M = device total, A = available after the
-weights are loaded (CUDA: free memory; CPU: see device_memory.py), f = --mem-fraction-static:
-
-    static budget      = A - M * (1 - f)            (SGLang's rule: weights + KV <= f * M
-                                                     when A = M - W)
-    bytes per token    = 2 (K and V) * kv_heads * head_dim * layers * kv dtype bytes
-    req_to_token       = (max_running_requests + 1 dummy row) * context_len * 4 (int32)
-    KV tokens          = floor((static budget - req_to_token) / bytes per token),
-                         capped at --max-total-tokens, rounded down to whole pages
-    activation pool    = A - KV bytes - req_to_token  (= M * (1 - f) unless capped)
-
-So f is the share of the device for the static pools (weights + KV): raising it grows the
-KV pool and shrinks the activation pool, and a model whose weights leave no KV pool needs
-f *up* (or smaller weights). The plan also estimates the activation peak of one prefill
-chunk and of one decode step (`activation.py`) and checks them against the activation pool.
-
-Defaults (documented rules, applied when the flag is not given):
-  * --mem-fraction-static: f = 1 - (base reserve + RESERVE_MARGIN * prefill chunk peak) / M,
-    clamped to [0.50, 0.93] and rounded down to 0.01. Base reserve: 1 GiB on CUDA (cuBLAS
-    workspaces, allocator fragmentation, later CUDA graphs), 256 MiB on the CPU. Like
-    SGLang's reserve formula, it grows with --chunked-prefill-size, and a big device keeps
-    a larger share.
-  * --max-running-requests: min(ceiling, KV pages, the largest decode batch whose peak at
-    full context fits the activation pool). Ceiling: 4096 on CUDA (SGLang's cap on
-    req_to_token rows), 64 on the CPU (the former fixed default; a CPU decode step is
-    compute-bound, more rows only add latency).
-  * --max-total-tokens: no cap on CUDA; 65536 on the CPU, whose memory is the host's,
-    shared with everything else (and where compute, not KV, limits a batch).
+More: docs/memory.md, "planning/planner.py".
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Cache-aware load balancing over several engine instances (`radixlm router`,
-`radixlm serve --dp-size N`). See docs/architecture.md, "Router"."""
+`radixlm serve --dp-size N`). See docs/router.md."""

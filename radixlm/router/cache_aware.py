@@ -1,21 +1,6 @@
 """cache_aware: send a request where its prefix was sent before, unless load is uneven.
 
-One `ApproxRadixTree` per worker holds the routing texts sent there. For each request:
-
-1. Imbalance override: with loads L (requests in flight), when both
-   `max(L) - min(L) > balance_abs_threshold` and `max(L) > balance_rel_threshold * min(L)`,
-   the least loaded worker gets it (reason `imbalance`), whatever the cache says.
-2. Otherwise the longest match over all trees wins when `match / len(text)` reaches
-   `cache_threshold` (reason `cache_hit`); several workers with that same match: the least
-   loaded of them.
-3. Below the threshold (a miss), the least loaded worker gets it (reason `cache_miss`);
-   equal loads: the smaller tree, so that new prefixes spread over the workers even when
-   requests come one at a time (a partial match below the threshold does not count: shared
-   boilerplate such as a chat role marker would pull every miss to one worker); then
-   registry order.
-
-The chosen worker's tree then gets the text. `evict()` (called periodically by the
-router) trims every tree to `max_tree_size` characters, least recently used leaves first.
+More: docs/router.md, "router/cache_aware.py".
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Process topology: the scheduler loop, building a scheduler, the processes and their threads,
-distributed set-up, device and dtype choice, host plumbing (docs/architecture.md, "Processes")."""
+distributed set-up, device and dtype choice, host plumbing (docs/request-path.md, "Processes")."""

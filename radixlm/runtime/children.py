@@ -2,7 +2,7 @@
 detokenizer, wait for SchedulerReady, stop them, watch for one dying.
 
 Children are spawned (not forked), ask the kernel to kill them when their parent dies, and
-are terminated on the way out (docs/architecture.md, "Processes")."""
+are terminated on the way out (docs/request-path.md, "Processes")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Device and dtype choice: --device, --dtype, --kv-cache-dtype as the engine resolves them
-(docs/architecture.md, "Processes")."""
+(docs/request-path.md, "Processes")."""
 
 from __future__ import annotations
 

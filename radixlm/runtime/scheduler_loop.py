@@ -1,6 +1,6 @@
 """The one scheduler loop, on every rank (TP 1 included): collect inputs, apply them in
 order, step, send outputs. Rank 0 broadcasts what it received so every rank forms the same
-batches (runtime/tp_ranks.py; docs/architecture.md, "Tensor parallelism")."""
+batches (runtime/tp_ranks.py; docs/tensor-parallel.md)."""
 
 from __future__ import annotations
 

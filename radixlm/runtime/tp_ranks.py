@@ -11,12 +11,7 @@ the logits are all-gathered whole to every rank and each request's generator is 
 alike), so the ranks form identical batches and call the forward's collectives in the
 same order. Only rank 0 sends outputs.
 
-Idle ranks still exchange inputs at least once a second (rank 0's bounded wait), so no
-collective waits anywhere near the process group's timeout.
-
-Placement: on the host running the server (node 0) the server spawns rank 0 as the usual
-scheduler process (`run_scheduler_process`) and local ranks 1.. as `run_follower_rank`;
-on every other host `run_follower_node` spawns all of that host's ranks.
+More: docs/scheduler.md, "runtime/tp_ranks.py".
 """
 
 from __future__ import annotations

@@ -12,11 +12,7 @@ Policies (chosen by name with `--schedule-policy`, see `make_policy`):
     more than it gains and the order is left as is (FCFS), as in SGLang. With the radix
     cache disabled every prefix is empty, so LPM is FCFS.
 
-In-batch prefix sharing (`InBatchPrefixSharing`, radix cache only): within one admission
-round, a candidate whose uncached tokens share at least `IN_BATCH_PREFIX_MIN` tokens with
-what a request admitted earlier in the same round computes is deferred to a later round.
-The first request computes the shared prefix once; its KV goes into the radix cache right
-after its extend, and the deferred request hits it there in the next step.
+More: docs/scheduler.md, "scheduler/policy.py".
 """
 
 from __future__ import annotations

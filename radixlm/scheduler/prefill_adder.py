@@ -1,35 +1,6 @@
 """PrefillAdder: which waiting requests join the next EXTEND batch, and how much of each.
 
-Budgets, checked per candidate in policy order (the first that does not fit stops the
-scan, so the queue head is never starved by smaller requests behind it):
-  * a free req_to_token row and room under --max-running-requests (a request already
-    holding a row, i.e. a chunked prefill in progress, needs none);
-  * prefill tokens: the batch's extend tokens stay under the prefill budget,
-    min(--max-prefill-tokens, --chunked-prefill-size). With chunking, a request that does
-    not fit is truncated to what is left (it becomes the chunked request and the scan
-    stops); without it, one request is always allowed alone, so none is stuck forever;
-  * KV: free + evictable slots must cover the candidate's extend tokens plus the expected
-    decode growth of it and of every running request, so admitted requests can decode a
-    while before retraction is needed. A chunk (not the last) needs no growth reserve yet;
-    with chunking, a prompt larger than the KV budget is truncated to it.
-
-Pages (`--page-size`): KV is allocated in whole pages, so the KV a candidate's extend
-costs is the slots of the fresh pages it takes (`kv_cost`: its partly filled last page is
-filled first); the truncation to the KV budget keeps a chunk within whole pages. The
-growth reserve stays an estimate in tokens.
-
-Mixed chunk (`--enable-mixed-chunk`, `mixed_with_running`): every running request rides
-along in the extend batch as a one-token extend, so its slot (a fresh page when its next
-position is page-aligned) is taken from the KV budget up front, and its token from the
-prefill budget (as SGLang does: the batch stays within the chunk size).
-
-Expected growth (`expected_growth`), in the spirit of SGLang's `new_token_ratio`: a request
-with `remaining` new tokens still allowed (clipped at `CLIP_MAX_NEW_TOKENS`) is expected to
-need `ceil(remaining * new_token_ratio)` more KV slots, never more than `remaining`. The
-Scheduler owns the ratio: it starts high, decays while decoding goes well, and is reset
-after a retraction. Since the ratio is at most 1 and add_request rejects requests larger
-than the pool, a lone request always fits an empty pool.
-The amount admitted for each request is left in `req.extend_input_len`.
+More: docs/scheduler.md, "scheduler/prefill_adder.py".
 """
 
 from __future__ import annotations

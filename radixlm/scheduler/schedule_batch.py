@@ -10,20 +10,7 @@ of a request lives at offset i % page_size of its (i // page_size)-th page, so a
 a fresh page only for page-aligned positions; the others continue the request's partly
 filled last page (the allocator reads the slot of the previous position from req_to_token).
 
-Host and device (see executor/cuda_streams.py): the ForwardBatch is built from HOST
-tensors -- every input derived from the requests' Python lists (input_ids, positions,
-req_pool_indices, seq_lens, logits_indices, the future fields) is a CPU tensor computed on
-the CPU -- except out_cache_loc, the allocator's slots on the device. The forward worker
-uploads the host tensors at launch (on CUDA: pinned, on a copy stream). The pool
-bookkeeping done here (allocation, req_to_token writes) is device work on the scheduler
-thread's own stream and takes device copies of the index tensors it needs (`_dev`). On
-the CPU host and device are one: `_dev` is the identity and every tensor is built exactly
-as the forward reads it.
-
-A MIXED batch (`--enable-mixed-chunk`) is an EXTEND batch whose last `num_mixed_decodes`
-requests are running requests riding along: each is an extend of exactly one token (its
-newest output token, at position kv_len, whose slot is allocated as a decode's would be),
-computed by the attention backend's extend path in the same forward as the prefills.
+More: docs/scheduler.md, "scheduler/schedule_batch.py".
 """
 
 from __future__ import annotations
