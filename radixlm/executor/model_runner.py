@@ -2,8 +2,9 @@
 
 It loads the weights, then builds the MemoryPlan (`planning/planner.py`: weights, KV pool,
 activations, from the measured weight bytes and the device's memory) and allocates exactly
-what it says: `token_to_kv_pool` of `plan.kv_tokens` slots (--max-total-tokens is a cap)
-and `req_to_token_pool` of `plan.max_running_requests` rows. A plan that cannot work
+what it says (`mem/pools.py` `build_pools(plan)`: the one Pools object the scheduler
+shares): `plan.kv_tokens` KV slots (--max-total-tokens is a cap) and
+`plan.max_running_requests` req_to_token rows. A plan that cannot work
 refuses the start (`MemoryPlanError`, with the flag to change). It turns a ForwardBatch
 into logits (decode batches run graphs made at start, `decode_graph_runner.py`: captured
 CUDA graphs on CUDA, torch.compile'd graphs on the CPU with --enable-torch-compile) and a SamplingBatchInfo into sampled tokens. On the CPU it holds the
@@ -26,7 +27,7 @@ from radixlm.executor.compiled_graph import compiled_graph_factory
 from radixlm.executor.decode_graph_runner import DecodeGraphRunner, capture_batch_sizes
 from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
-from radixlm.mem import KVSlotAllocator, ReqToTokenPool, TokenToKVPool
+from radixlm.mem.pools import build_pools
 from radixlm.planning.activation_guard import ActivationGuard
 from radixlm.planning.device_memory import probe_device_memory
 from radixlm.planning.plan_report import plan_table
@@ -107,12 +108,14 @@ class ModelRunner:
         # The allocator hands out whole pages: the plan's pool is a page multiple.
         self.max_total_tokens = self.plan.kv_tokens
         self.max_running_requests = self.plan.max_running_requests
-        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
-        # Per rank: only the KV heads of the rank's Q heads (split or replicated).
-        self.token_to_kv_pool = TokenToKVPool(self.max_total_tokens, cfg.num_layers,
-                                              kv_heads_per_rank(cfg, ctx.tp_size),
-                                              cfg.head_dim, self.kv_dtype, self.device)
-        self.allocator = KVSlotAllocator(self.max_total_tokens, self.device, self.page_size)
+        # The one pools object the scheduler shares. Per rank: only the KV heads of the
+        # rank's Q heads (split or replicated).
+        self.pools = build_pools(self.plan, num_layers=cfg.num_layers,
+                                 kv_heads=kv_heads_per_rank(cfg, ctx.tp_size),
+                                 head_dim=cfg.head_dim, kv_dtype=self.kv_dtype, device=self.device)
+        self.req_to_token_pool = self.pools.req_to_token_pool
+        self.token_to_kv_pool = self.pools.token_to_kv_pool
+        self.allocator = self.pools.allocator
         if args.enable_deterministic_inference:
             # Batch-invariant attention and draws (the GEMMs: linear_policy above).
             self.attn_backend = BatchInvariantAttentionBackend()

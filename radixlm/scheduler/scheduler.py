@@ -89,10 +89,11 @@ class Scheduler:
         # Batches ran since the free heap was last released (`on_idle`).
         self.heap_dirty = False
         self.runner = runner
-        self.page_size = runner.allocator.page_size
-        self.tree_cache = RadixCache(runner.req_to_token_pool, runner.allocator,
+        self.pools = pools = runner.pools  # shared with the runner (mem/pools.py)
+        self.page_size = pools.allocator.page_size
+        self.tree_cache = RadixCache(pools.req_to_token_pool, pools.allocator,
                                      page_size=self.page_size, disable=disable_radix_cache)
-        self.kv = RequestKV(runner.req_to_token_pool, runner.allocator, self.tree_cache)
+        self.kv = RequestKV(pools.req_to_token_pool, pools.allocator, self.tree_cache)
         self.enable_mixed_chunk = enable_mixed_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
         self.limits = RunLimits(max_prefill_tokens, runner.max_running_requests)
@@ -303,16 +304,16 @@ class Scheduler:
 
     def _next_batch(self) -> ScheduleBatch | None:
         """The next batch, its KV slots allocated and its ForwardBatch built; None if idle."""
-        runner = self.runner
+        pools = self.pools
         if self.last_step_was_chunk and self.running and not self.enable_mixed_chunk:
             self.last_step_was_chunk = False  # let running decodes through between chunks
             return self._decode_batch()
         chunk = self.chunked_prefill_size
         mixed = self.enable_mixed_chunk and bool(self.running)
         # Evictable cache slots count as free: allocation evicts them on demand.
-        adder = PrefillAdder(free_kv_slots=runner.allocator.available_size()
+        adder = PrefillAdder(free_kv_slots=pools.allocator.available_size()
                              + self.tree_cache.evictable_size(),
-                             free_rows=min(runner.req_to_token_pool.available_size(),
+                             free_rows=min(pools.req_to_token_pool.available_size(),
                                            self.limits.max_running_requests - len(self.running)),
                              prefill_budget=min(self.max_prefill_tokens, chunk) if chunk > 0
                              else self.max_prefill_tokens,
@@ -381,9 +382,9 @@ class Scheduler:
 
     def _batch(self, reqs: list[Req], mode: ForwardMode,
                num_mixed_decodes: int = 0) -> ScheduleBatch:
-        r = self.runner
-        return ScheduleBatch(reqs, mode, r.req_to_token_pool, r.token_to_kv_pool, r.allocator,
-                             r.device, self.tree_cache, num_mixed_decodes=num_mixed_decodes)
+        p = self.pools
+        return ScheduleBatch(reqs, mode, p.req_to_token_pool, p.token_to_kv_pool, p.allocator,
+                             self.runner.device, self.tree_cache, num_mixed_decodes=num_mixed_decodes)
 
     def _decode_batch(self) -> ScheduleBatch | None:
         """Decode every running request. When KV slots run out: first finish the launched
@@ -551,13 +552,13 @@ class Scheduler:
             error = None
         except PoolInvariantError as e:
             error = str(e)
-        r = self.runner
-        return PoolStats(rid=rid, total_kv_slots=r.allocator.size,
-                         free_kv_slots=r.allocator.available_size(),
+        p = self.pools
+        return PoolStats(rid=rid, total_kv_slots=p.allocator.size,
+                         free_kv_slots=p.allocator.available_size(),
                          held_by_requests=self.held_by_requests(),
                          held_by_cache=self.tree_cache.total_size(), running=len(self.running),
                          waiting=len(self.waiting),
-                         free_req_rows=r.req_to_token_pool.available_size(),
+                         free_req_rows=p.req_to_token_pool.available_size(),
                          invariant_error=error, page_size=self.page_size,
                          prompt_tokens_total=self.prompt_tokens_total,
                          cached_tokens_total=self.cached_tokens_total,
