@@ -29,10 +29,9 @@ import torch
 from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
 from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.forward_split import halves
-from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo
+from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo, SamplingRow
 from radixlm.executor.step_timer import StepTimer
 from radixlm.planning.oom import BatchShape, diagnose_oom, is_out_of_memory
-from radixlm.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class ForwardTask:
     rows). `rows` are their req_to_token rows, where the sampled tokens go in the relay.
     """
     forward_batch: ForwardBatch
-    sampling_reqs: list[Req]
+    sampling_reqs: list[SamplingRow]
     keep: torch.Tensor | None
     rows: torch.Tensor
     # Each sampling request's seq_len after this forward: the position of the token it
@@ -203,7 +202,7 @@ def batch_shape(fb: ForwardBatch) -> BatchShape:
     return BatchShape("prefill", list(fb.extend_seq_lens_cpu), list(fb.seq_lens_cpu))
 
 
-def _count_penalty_tokens(reqs: list[Req], next_ids: torch.Tensor) -> None:
+def _count_penalty_tokens(reqs: list[SamplingRow], next_ids: torch.Tensor) -> None:
     """Penalty state follows the sampled tokens on the forward thread, so the next batch's
     penalties see this step's token even before the scheduler has processed it. A token
     sampled for a request that turns out to be finished is counted too; nothing reads

@@ -7,13 +7,30 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from radixlm.messages import TokenLogprob
-from radixlm.scheduler.req import Req
+from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+class SamplingRow(Protocol):
+    """What sampling reads of one request (the scheduler's Req provides it): its params,
+    its generator, its length, and its penalty state, whose counts the forward thread
+    advances after each sample (forward_worker.py). The executor imports no scheduler type."""
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+    output_counts: torch.Tensor | None  # [V] float32, penalized requests only
+    seen_mask: torch.Tensor | None  # [V] bool: prompt and output tokens
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def uses_penalties(self) -> bool: ...
 
 
 @dataclass
@@ -49,7 +66,7 @@ class SamplingBatchInfo:
     uniforms: torch.Tensor | None = None
 
     @classmethod
-    def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
+    def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, device: torch.device,
                   positions: list[int] | None = None, penalty_state: bool = True,
                   deterministic: bool = False) -> "SamplingBatchInfo":
         """`positions`: where each request's sampled token goes (the forward batch's
@@ -96,7 +113,7 @@ class SamplingBatchInfo:
                 info.attach_penalty_state(reqs)
         return info
 
-    def attach_penalty_state(self, reqs: list[Req]) -> None:
+    def attach_penalty_state(self, reqs: list[SamplingRow]) -> None:
         """The penalized rows' output counts and seen masks, stacked now (device ops on
         the requests' own tensors: on the forward thread, after the previous step's
         counts)."""
