@@ -1,1 +1,1 @@
-"""Scheduling: Req, ScheduleBatch, PrefillAdder, the Scheduler step and its process loop."""
+"""Scheduling: Req, RequestKV (its KV rows and pages), ScheduleBatch, PrefillAdder, the Scheduler step."""
