@@ -3,6 +3,7 @@
 Order of operations (as in vLLM/SGLang):
   1. penalties on the raw logits: repetition (prompt + output tokens, HF's divide/
      multiply rule), frequency and presence (output tokens, OpenAI's subtract rule);
+     then logit_bias (one scatter-add over every biased (row, token) of the batch);
   2. greedy rows take the argmax;
   3. other rows: divide by temperature, softmax, cut by top_k, top_p, min_p, renormalize,
      then draw with the request's own torch.Generator, so a request's samples depend only
@@ -52,6 +53,8 @@ class SamplingBatchInfo:
     frequency: torch.Tensor | None = None  # [P, 1]
     presence: torch.Tensor | None = None  # [P, 1]
     repetition: torch.Tensor | None = None  # [P, 1]
+    # logit_bias of the whole batch, flattened: (rows [K], token ids [K], biases [K]).
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     want_logprobs: list[bool] | None = None
     top_logprobs: list[int] | None = None  # alternatives each request asked for
     # Deterministic mode: each row's seed (the request's, else the one the scheduler drew
@@ -100,6 +103,14 @@ class SamplingBatchInfo:
             info.uniforms = torch.tensor(
                 [deterministic_uniform(info.seeds[i], info.positions[i])
                  for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
+        biased = [i for i, p in enumerate(ps) if p.logit_bias]
+        if biased:
+            b_rows = [i for i in biased for _ in ps[i].logit_bias]
+            b_ids = [t for i in biased for t in ps[i].logit_bias]
+            b_vals = [v for i in biased for v in ps[i].logit_bias.values()]
+            info.logit_bias = (torch.tensor(b_rows, dtype=torch.int64, device=device),
+                               torch.tensor(b_ids, dtype=torch.int64, device=device),
+                               torch.tensor(b_vals, dtype=torch.float32, device=device))
         rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
         if rows:
             info.penalized_rows = rows
@@ -182,6 +193,8 @@ class Sampler:
         if info.penalized_rows is not None:
             logits = logits.clone()
             logits[info.penalized_rows] = self._apply_penalties(logits[info.penalized_rows], info)
+        if info.logit_bias is not None:
+            logits = logits.index_put(info.logit_bias[:2], info.logit_bias[2], accumulate=True)
 
         next_ids = torch.argmax(logits, dim=-1)
         sample_rows = [i for i, g in enumerate(info.greedy) if not g]

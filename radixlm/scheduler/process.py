@@ -16,7 +16,7 @@ from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.process_threads import setup_compute_process
-from radixlm.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.process_utils import die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging
 from radixlm.scheduler.tp_ranks import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def use_overlap_schedule(disable: bool | None, device) -> bool:
 
 def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     die_with_parent()
+    leave_shutdown_to_parent()  # a group SIGTERM/SIGINT: the parent drains first
     set_process_name("radixlm-sched")
     setup_logging(args.log_level, "scheduler")
     ctx = zmq.Context()

@@ -22,6 +22,7 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
+from radixlm.process_utils import stop_child
 from radixlm.scheduler.process import run_scheduler_process
 from radixlm.tokenizer.process import run_detokenizer_process
 
@@ -69,18 +70,19 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
 
 
 def stop_children(procs: list[mp.Process]) -> None:
+    """Stop the children (they ignore SIGTERM/SIGINT: process_utils.leave_shutdown_to_parent)."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
+        if p.is_alive() and p.pid is not None:
+            stop_child(p.pid)
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
 
 
-def _watch_children(procs: list[mp.Process], on_death) -> None:
-    """Thread: when a child dies unexpectedly, call on_death once."""
-    while True:
+def _watch_children(procs: list[mp.Process], on_death, serving: threading.Event) -> None:
+    """Thread: when a child dies while `serving` is set, call on_death once."""
+    while serving.is_set():
         for p in procs:
             if not p.is_alive():
                 on_death(p)
@@ -132,7 +134,10 @@ def launch_server(args: ServerArgs) -> None:
             logger.error("%s process died (exit code %s); shutting down", p.name, p.exitcode)
             os.kill(os.getpid(), signal.SIGTERM)
 
-        threading.Thread(target=_watch_children, args=(procs, on_death), daemon=True).start()
+        serving = threading.Event()
+        serving.set()  # cleared once uvicorn is done: stopping the children is no death
+        threading.Thread(target=_watch_children, args=(procs, on_death, serving),
+                         daemon=True).start()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_keep_alive=30)
         server = DrainingServer(config, tm, args.shutdown_timeout)  # SIGTERM: drain, exit 0
@@ -141,7 +146,10 @@ def launch_server(args: ServerArgs) -> None:
             await tm.start()
             await server.serve()
 
-        asyncio.run(serve())
+        try:
+            asyncio.run(serve())
+        finally:
+            serving.clear()
         if not tm.healthy:
             raise LaunchError("a child process died while serving (see the log above)")
     finally:
