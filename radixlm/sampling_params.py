@@ -41,6 +41,8 @@ class SamplingParams:
     # Structured output: the one validated constraint of the request (JSON schema,
     # regex, EBNF, choice, any JSON object), built by radixlm.constrained.request_mapping.
     constraint: Constraint | None = None
+    # Keep a matched stop string at the end of the output text (vLLM's flag).
+    include_stop_str_in_output: bool = False
     # Added to the raw logits of these token ids before sampling (OpenAI's logit_bias).
     logit_bias: dict[int, float] = field(default_factory=dict)
 

@@ -65,6 +65,7 @@ class _SamplingFields(ConstraintFields, _Strict):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM: the prompt's and each choice's token ids in the answer.
     return_token_ids: bool | None = None
+    include_stop_str_in_output: bool | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":
@@ -111,6 +112,7 @@ class _SamplingFields(ConstraintFields, _Strict):
             "ignore_eos": self.ignore_eos,
             "seed": self.seed,
             "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": logprobs,
             "top_logprobs": top_logprobs,
             "constraint": self.constraint(),

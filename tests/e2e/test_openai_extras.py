@@ -163,3 +163,35 @@ def test_non_json_body_is_415(server: str) -> None:
                     content=json.dumps({"prompt": PROMPT, "max_tokens": 1}),
                     headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200, ok.text
+
+
+def test_logit_bias(client: Any, server: str) -> None:
+    forced = httpx.post(server + "/tokenize", json={"prompt": " banana",
+                                                    "add_special_tokens": False},
+                        timeout=30).json()["tokens"][-1]
+    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0,
+                                  logit_bias={str(forced): 100},
+                                  extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert r.choices[0].model_extra["token_ids"] == [forced] * 3
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, temperature=0.7, seed=1,
+                                       logit_bias={str(forced): 100})
+    assert r.choices[0].message.content.count("banana") == 2
+    for bias in ({str(forced): 101}, {"-1": 1}, {"x": 1}, {"99999999": 1}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="m", prompt=PROMPT, max_tokens=1, logit_bias=bias)
+        assert "logit_bias" in e.value.body["message"]
+
+
+def test_include_stop_str_in_output(client: Any) -> None:
+    kw = dict(model="m", prompt="1, 2, 3, 4,", max_tokens=16, temperature=0)
+    plain = client.completions.create(**kw)
+    stop = plain.choices[0].text.strip()[:2]  # something the answer surely contains
+    cut = client.completions.create(**kw, stop=[stop])
+    kept = client.completions.create(**kw, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})
+    assert cut.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].text == cut.choices[0].text + stop
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        **kw, stop=[stop], stream=True, extra_body={"include_stop_str_in_output": True}))
+    assert streamed == kept.choices[0].text
