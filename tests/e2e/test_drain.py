@@ -106,7 +106,7 @@ def test_sigterm_aborts_what_outlives_the_shutdown_timeout(long_ctx_model: str) 
 GROUP_TOKENS = 300
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_the_process_group_drains(long_ctx_model: str, sig: signal.Signals) -> None:
     """What systemd (KillMode=control-group) and Ctrl-C do: every process of the server
     gets the signal. The request in flight still gets all its tokens."""
