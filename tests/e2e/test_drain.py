@@ -133,3 +133,30 @@ def test_signal_to_the_process_group_drains(long_ctx_model: str, sig: signal.Sig
         assert events[-3]["choices"][0]["finish_reason"] == "length"
         assert _exit_code(srv.proc) == 0, srv.log_tail()
         assert not _survivors(children)
+
+
+def test_second_ctrl_c_stops_at_once(long_ctx_model: str) -> None:
+    """Ctrl-C twice (SIGINT to the group twice): the drain is cut short, the request in
+    flight does not get its remaining tokens, and nothing is left behind."""
+    with running_server(long_ctx_model, "--max-total-tokens", "8192", "--shutdown-timeout",
+                        "300", new_session=True) as srv:
+        children = srv.children()
+        got: list[str] = []
+        with httpx.Client() as client, _stream_lines(client, srv.url) as resp:
+            lines = resp.iter_lines()
+            got += [next(lines) for _ in range(2)]
+            os.killpg(srv.proc.pid, signal.SIGINT)
+            _wait_draining(srv.url)
+            t0 = time.monotonic()
+            os.killpg(srv.proc.pid, signal.SIGINT)
+            try:
+                got += list(lines)
+            except httpx.HTTPError:
+                pass  # the connection was dropped: what a stop at once does
+        _exit_code(srv.proc, timeout_s=30)
+        assert time.monotonic() - t0 < 30
+        events = _events(got)
+        finished = [e for e in events if isinstance(e, dict) and e.get("choices")
+                    and e["choices"][0].get("finish_reason") == "length"]
+        assert not finished, "the request ran to its end: the second SIGINT did not stop it"
+        assert not _survivors(children)
