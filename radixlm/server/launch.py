@@ -4,8 +4,9 @@
       --ZMQ--> scheduler process --ZMQ--> detokenizer process --ZMQ--> API process
 
 Children are spawned (not forked), ask the kernel to kill them when this process dies,
-and are terminated on the way out; if one dies while serving, the server shuts down
-rather than leave requests hanging.
+ignore SIGTERM/SIGINT (a signal to the whole group is this process's to handle: it
+drains first) and are stopped with SIGUSR1 on the way out; if one dies while serving, the
+server shuts down rather than leave requests hanging.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _watch_children(procs: list[mp.Process], on_death, serving: threading.Event)
     """Thread: when a child dies while `serving` is set, call on_death once."""
     while serving.is_set():
         for p in procs:
-            if not p.is_alive():
+            if not p.is_alive() and serving.is_set():
                 on_death(p)
                 return
         time.sleep(0.5)
