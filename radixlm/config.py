@@ -156,6 +156,9 @@ class ServerArgs:
         None, "How tool calls are found in the model's text for tool_choice 'auto' "
         "(radixlm/server/tool_parsers/): hermes, qwen25, llama3_json, smollm2. Default: "
         "chosen from the chat template (smollm2 for the default model).")
+    responses_store_size: int = _opt(
+        1024, "Responses kept in memory for GET /v1/responses/{id} and previous_response_id "
+        "(least recently used forgotten first; 0 stores none).")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def replace(self, **changes: Any) -> "ServerArgs":

@@ -108,6 +108,8 @@ class ReqTokenOut:
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     skip_special_tokens: bool = True
+    # Keep the matched stop string at the end of the text (vLLM's include_stop_str_in_output).
+    include_stop_str: bool = False
     # Characters to hold back while streaming so a stop string is never half-sent.
     stop_hold_chars: int = 0
     error: str | None = None

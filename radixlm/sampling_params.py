@@ -14,6 +14,9 @@ from radixlm.constrained.constraint import Constraint
 
 # Temperatures below this sample greedily (see SamplingParams.is_greedy).
 GREEDY_TEMPERATURE = 1e-5
+# logit_bias: OpenAI's value range, and at most this many biased tokens per request.
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 1024
 
 
 @dataclass(slots=True)
@@ -38,6 +41,10 @@ class SamplingParams:
     # Structured output: the one validated constraint of the request (JSON schema,
     # regex, EBNF, choice, any JSON object), built by radixlm.constrained.request_mapping.
     constraint: Constraint | None = None
+    # Keep a matched stop string at the end of the output text (vLLM's flag).
+    include_stop_str_in_output: bool = False
+    # Added to the raw logits of these token ids before sampling (OpenAI's logit_bias).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,6 +85,12 @@ class SamplingParams:
         need(0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")
+        need(len(self.logit_bias) <= MAX_LOGIT_BIAS_TOKENS,
+             f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens")
+        need(all(-MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in self.logit_bias.values()),
+             f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             need(not bad, f"stop_token_ids out of range [0, {vocab_size}): {bad}")
+            bad = [t for t in self.logit_bias if not 0 <= t < vocab_size]
+            need(not bad, f"logit_bias token ids out of range [0, {vocab_size}): {bad[:8]}")

@@ -32,16 +32,18 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(model: str | None, *flags: str,
-                   startup_s: float = 180) -> Iterator[RunningServer]:
+def running_server(model: str | None, *flags: str, startup_s: float = 180,
+                   new_session: bool = False) -> Iterator[RunningServer]:
     """Start `radixlm serve --model MODEL FLAGS...` (model None: the default model) on a
     free port, wait until healthy, stop it afterwards (SIGTERM) and check that none of its
-    processes outlives it."""
+    processes outlives it. `new_session`: the server leads its own process group (a test
+    may signal the group)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="radixlm-test-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "radixlm", "serve", *(["--model", model] if model else []),
            "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=new_session)
     server = RunningServer(f"http://127.0.0.1:{port}", proc, log.name)
     started: set[int] = set()
     try:

@@ -54,6 +54,8 @@ class SamplingBatchInfo:
     frequency: torch.Tensor | None = None  # [P, 1]
     presence: torch.Tensor | None = None  # [P, 1]
     repetition: torch.Tensor | None = None  # [P, 1]
+    # logit_bias of the whole batch, flattened: (rows [K], token ids [K], biases [K]).
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     want_logprobs: list[bool] | None = None
     top_logprobs: list[int] | None = None  # alternatives each request asked for
     # Deterministic mode: each row's seed (the request's, else the one the scheduler drew
@@ -102,6 +104,14 @@ class SamplingBatchInfo:
             info.uniforms = torch.tensor(
                 [deterministic_uniform(info.seeds[i], info.positions[i])
                  for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
+        biased = [i for i, p in enumerate(ps) if p.logit_bias]
+        if biased:
+            b_rows = [i for i in biased for _ in ps[i].logit_bias]
+            b_ids = [t for i in biased for t in ps[i].logit_bias]
+            b_vals = [v for i in biased for v in ps[i].logit_bias.values()]
+            info.logit_bias = (torch.tensor(b_rows, dtype=torch.int64, device=device),
+                               torch.tensor(b_ids, dtype=torch.int64, device=device),
+                               torch.tensor(b_vals, dtype=torch.float32, device=device))
         rows = [i for i, r in enumerate(reqs) if r.uses_penalties]
         if rows:
             info.penalized_rows = rows
@@ -184,6 +194,8 @@ class Sampler:
         if info.penalized_rows is not None:
             logits = logits.clone()
             logits[info.penalized_rows] = self._apply_penalties(logits[info.penalized_rows], info)
+        if info.logit_bias is not None:
+            logits = logits.index_put(info.logit_bias[:2], info.logit_bias[2], accumulate=True)
 
         next_ids = torch.argmax(logits, dim=-1)
         sample_rows = [i for i, g in enumerate(info.greedy) if not g]

@@ -1,12 +1,14 @@
 """The server's child processes: spawn the scheduler (and this host's other TP ranks) and the
 detokenizer, wait for SchedulerReady, stop them, watch for one dying.
 
-Children are spawned (not forked), ask the kernel to kill them when their parent dies, and
-are terminated on the way out (docs/request-path.md, "Processes")."""
+Children are spawned (not forked), ask the kernel to kill them when their parent dies,
+ignore SIGTERM/SIGINT (a signal to the whole group is the parent's to handle: it drains
+first) and are stopped with SIGUSR1 on the way out (docs/request-path.md, "Processes")."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 
 import zmq
@@ -15,6 +17,7 @@ from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.runtime.detokenizer_process import run_detokenizer_process
+from radixlm.runtime.process_utils import stop_child
 from radixlm.runtime.scheduler_process import run_scheduler_process
 
 
@@ -59,20 +62,21 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
 
 
 def stop_children(procs: list[mp.Process]) -> None:
+    """Stop the children (they ignore SIGTERM/SIGINT: process_utils.leave_shutdown_to_parent)."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
+        if p.is_alive() and p.pid is not None:
+            stop_child(p.pid)
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
 
 
-def watch_children(procs: list[mp.Process], on_death) -> None:
-    """Thread: when a child dies unexpectedly, call on_death once."""
-    while True:
+def watch_children(procs: list[mp.Process], on_death, serving: threading.Event) -> None:
+    """Thread: when a child dies while `serving` is set, call on_death once."""
+    while serving.is_set():
         for p in procs:
-            if not p.is_alive():
+            if not p.is_alive() and serving.is_set():
                 on_death(p)
                 return
         time.sleep(0.5)

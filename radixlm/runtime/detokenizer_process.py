@@ -8,11 +8,14 @@ from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import BatchTokenIDOut
 from radixlm.runtime.process_threads import setup_helper_threads
-from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.process_utils import (
+    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging,
+)
 
 
 def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     die_with_parent()
+    leave_shutdown_to_parent()  # a group SIGTERM/SIGINT: the parent drains first
     set_process_name("radixlm-detok")
     setup_logging(args.log_level, "detokenizer")
     setup_helper_threads()  # before torch loads (below, with transformers)

@@ -20,6 +20,33 @@ def die_with_parent() -> None:
             pass
 
 
+# The launcher stops its children with this signal (default action: terminate), since
+# they ignore SIGTERM and SIGINT (leave_shutdown_to_parent).
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def _parent_decides(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT in a child: nothing (a handler, not SIG_IGN, so that processes the
+    child starts do not inherit the disposition)."""
+
+
+def leave_shutdown_to_parent() -> None:
+    """Ignore SIGTERM and SIGINT in a child process: a signal sent to the whole process
+    group (Ctrl-C, systemd's KillMode=control-group) must not kill it while the parent
+    drains; the parent stops it afterwards with STOP_SIGNAL (stop_child)."""
+    signal.signal(signal.SIGTERM, _parent_decides)
+    signal.signal(signal.SIGINT, _parent_decides)
+    signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+
+
+def stop_child(pid: int) -> None:
+    """Ask a child that called leave_shutdown_to_parent to exit now."""
+    try:
+        os.kill(pid, STOP_SIGNAL)
+    except ProcessLookupError:
+        pass
+
+
 def set_process_name(name: str) -> None:
     """Name this process (Linux's comm, at most 15 bytes: what `ps -o comm`, `top` and
     psutil's name() show), so that tools tell the server's processes apart: their command

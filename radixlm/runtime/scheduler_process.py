@@ -16,7 +16,9 @@ from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.runtime.process_threads import setup_compute_process
-from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.process_utils import (
+    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging,
+)
 from radixlm.runtime.build import build_scheduler
 from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
@@ -25,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     die_with_parent()
+    leave_shutdown_to_parent()  # a group SIGTERM/SIGINT: the parent drains first
     set_process_name("radixlm-sched")
     setup_logging(args.log_level, "scheduler")
     ctx = zmq.Context()

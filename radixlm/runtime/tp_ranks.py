@@ -21,7 +21,9 @@ import multiprocessing as mp
 
 from radixlm.config import ServerArgs
 from radixlm.runtime.process_threads import setup_compute_process
-from radixlm.runtime.process_utils import die_with_parent, set_process_name, setup_logging
+from radixlm.runtime.process_utils import (
+    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging,
+)
 from radixlm.runtime.scheduler_loop import run_loop
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     """Process entry of a rank other than 0: join the group, build the scheduler, follow
     rank 0 until it says stop (or dies, which fails the next collective)."""
     die_with_parent()
+    leave_shutdown_to_parent()  # a group SIGTERM/SIGINT: the parent drains first
     set_process_name(f"radixlm-tp{local_rank}")
     setup_logging(args.log_level, f"scheduler-node{args.node_rank}-local{local_rank}")
     setup_compute_process(args)  # before torch loads (below)

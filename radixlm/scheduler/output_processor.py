@@ -95,6 +95,7 @@ class OutputProcessor:
             cached_tokens=req.cached_tokens,
             logprobs=logprobs,
             skip_special_tokens=p.skip_special_tokens,
+            include_stop_str=p.include_stop_str_in_output,
             stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,
             error=req.error,
             error_status=req.error_status,

@@ -9,10 +9,10 @@ number of choices it will send to the scheduler (prompts x n):
   * in flight + its choices > running limit + `--max-queued-requests`: 429 with
     `Retry-After` (the queue is full; another instance, or later, may take it).
 
-"In flight" counts the TokenizerManager's requests sent and not yet answered, so the queue
-depth is in flight minus the running limit. Requests checked concurrently, before either
-has sent anything, may overshoot the limit by their own size (there is no await between a
-handler's check and its sends except in the streaming path).
+`admit` checks and counts in one step (no await between them, so a flood of requests
+that all arrive before any has been sent cannot overshoot): `in_flight` holds the choices
+of every admitted request until its handler releases them (its answer sent, or failed).
+The queue depth is in flight minus the running limit.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class AdmissionControl:
     max_running: int
     max_queued: int
     draining: bool = False
+    in_flight: int = 0  # choices admitted and not yet released
     rejected_queue_full: int = 0
     rejected_draining: int = 0
     rejected_too_large: int = 0
@@ -56,6 +57,17 @@ class AdmissionControl:
     @property
     def capacity(self) -> int:
         return self.max_running + self.max_queued
+
+    def admit(self, choices: int) -> int:
+        """Check and count in one step: raise APIError (503 / 400 / 429) unless `choices`
+        more requests may be sent, else add them to `in_flight` and return `choices` (the
+        caller hands that number back to `release` once its answer is sent)."""
+        self.check(choices, self.in_flight)
+        self.in_flight += choices
+        return choices
+
+    def release(self, choices: int) -> None:
+        self.in_flight = max(0, self.in_flight - choices)
 
     def check(self, choices: int, in_flight: int) -> None:
         """Raise APIError (503 / 400 / 429) unless `choices` more requests may be sent."""

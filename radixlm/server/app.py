@@ -11,6 +11,7 @@ later requests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,12 +35,18 @@ from radixlm.server.chat import create_chat_completion
 from radixlm.server.completions import create_completion
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
                                    validation_message)
-from radixlm.server.http_util import ClientDisconnected
+from radixlm.server.extensions import (DetokenizeRequest, TokenizeRequest, extension_routes,
+                                       model_card)
+from radixlm.server.http_util import ClientDisconnected, SSEResponse, check_json_body
 from radixlm.server.grammar_metrics import GRAMMAR_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.openapi_bodies import install_request_bodies
+from radixlm.server.openapi_errors import error_responses
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.server.responses.request import ResponsesRequest
+from radixlm.server.responses.route import create_response, delete_response, get_response
+from radixlm.server.responses.store import ResponseStore
 from radixlm.server.server_info import get_server_info_body
 from radixlm.server.tokenizer_manager import TokenizerManager
 
@@ -54,11 +61,18 @@ _CLIENT_CLOSED = 499
 async def handle(request: Request, model: type[M], run: Callable[[M], Awaitable[Response]],
                  tm: TokenizerManager) -> Response:
     """Parse the JSON body into `model`, admit it (admission.py: 503 draining, 429 queue
-    full), run the handler, map exceptions to responses."""
+    full; checked and counted in one step), run the handler, map exceptions to responses.
+    The admitted choices are released once the answer is sent (a stream: once it ends)."""
+    admitted = 0
     try:
+        check_json_body(request)
         req = model.model_validate_json(await request.body())
-        tm.admission.check(choice_count(req), tm.num_running)
-        return await run(req)
+        admitted = tm.admission.admit(choice_count(req))
+        resp = await run(req)
+        if isinstance(resp, SSEResponse):
+            resp.on_close.append(functools.partial(tm.admission.release, admitted))
+            admitted = 0
+        return resp
     except QueueFull as e:
         resp = error_response(e.status, e.message, e.param)
         resp.headers["Retry-After"] = str(e.retry_after_s)
@@ -78,6 +92,8 @@ async def handle(request: Request, model: type[M], run: Callable[[M], Awaitable[
     except Exception as e:
         logger.exception("internal error in %s", request.url.path)
         return error_response(500, f"Internal server error: {type(e).__name__}: {e}")
+    finally:
+        tm.admission.release(admitted)
 
 
 def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name: str) -> FastAPI:
@@ -120,9 +136,8 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
 
     @api.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": created, "owned_by": "radixlm",
-            "root": model_name, "max_model_len": tm.context_len}]})
+        return JSONResponse({"object": "list",
+                             "data": [model_card(model_name, created, tm.context_len)]})
 
     @api.get("/server_info")
     async def server_info() -> JSONResponse:
@@ -168,23 +183,43 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
             return error_response(400, result.message)
         return JSONResponse({"message": result.message})
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", responses=error_responses(400, 408, 415, 429, 503))
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest,
                             lambda req: create_completion(tm, req, model_name, request), tm)
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", responses=error_responses(400, 408, 415, 429, 503))
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest,
                             lambda req: create_chat_completion(tm, req, model_name, request), tm)
 
-    @api.post("/generate")
+    @api.post("/generate", responses=error_responses(400, 408, 415, 429, 503))
     async def generate(request: Request) -> Response:
         return await handle(request, GenerateRequest,
                             lambda req: generate_native(tm, req, request), tm)
 
+    api.include_router(extension_routes(tm, model_name, created))
+    responses_store = ResponseStore(args.responses_store_size)
+
+    @api.post("/v1/responses", responses=error_responses(400, 404, 408, 415, 429, 503))
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API over the chat path (radixlm/server/responses/)."""
+        return await handle(request, ResponsesRequest, lambda req: create_response(
+            tm, req, model_name, request, responses_store), tm)
+
+    @api.get("/v1/responses/{response_id}", responses=error_responses(404))
+    async def responses_get(response_id: str) -> Response:
+        return get_response(responses_store, response_id)
+
+    @api.delete("/v1/responses/{response_id}", responses=error_responses(404))
+    async def responses_delete(response_id: str) -> Response:
+        return delete_response(responses_store, response_id)
+
     app.include_router(api)
     install_request_bodies(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
-                                 "/generate": GenerateRequest})
+                                 "/generate": GenerateRequest,
+                                 "/v1/responses": ResponsesRequest,
+                                 "/tokenize": TokenizeRequest,
+                                 "/detokenize": DetokenizeRequest})
     return app

@@ -22,6 +22,7 @@ from radixlm.messages import ReqStrOut
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import chat_logprobs
+from radixlm.server.openai_extras import token_id_fields, truncate_prompt
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
 from radixlm.server.protocol import ChatCompletionRequest
 from radixlm.server.stream_prime import prime_streams
@@ -36,7 +37,9 @@ async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionReques
                       getattr(tm.tokenizer, "chat_template", None), tm.args.tool_call_parser)
     ids = tm.apply_chat_template(req.template_messages(), tools=plan.template_tools,
                                  add_generation_prompt=req.add_generation_prompt is not False,
-                                 chat_template=plan.chat_template)
+                                 chat_template=plan.chat_template,
+                                 continue_final_message=bool(req.continue_final_message))
+    ids = truncate_prompt(ids, req.truncate_prompt_tokens, tm.context_len)
     params = req.sampling_params(tm.default_max_tokens(len(ids)))
     if plan.constraint is not None:
         if params.constraint is not None:
@@ -67,6 +70,7 @@ async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionReques
             "logprobs": _logprobs(tm, req, r.logprobs),
             "finish_reason": _finish_reason(r.finish_reason, has_calls),
             "stop_reason": r.matched_stop,
+            **token_id_fields(req.return_token_ids, c.input_ids, r.token_ids),
         })
     return JSONResponse({**head, "object": "chat.completion", "choices": body_choices,
                          "usage": usage_of(choices, results)})
@@ -85,18 +89,24 @@ def _logprobs(tm: TokenizerManager, req: ChatCompletionRequest, lps: list[Any] |
 async def _stream(tm: TokenizerManager, req: ChatCompletionRequest, plan: ToolPlan,
                   choices: list[Choice], streams: list[AsyncGenerator[ReqStrOut, None]],
                   head: dict[str, Any]) -> AsyncIterator[str]:
+    results = [ChoiceResult() for _ in choices]
+
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None,
-              finish_reason: str | None = None, stop_reason: Any = None) -> str:
+              finish_reason: str | None = None, stop_reason: Any = None,
+              extra: dict[str, Any] | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs,
-                  "finish_reason": finish_reason}
+                  "finish_reason": finish_reason, **(extra or {})}
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
-        return sse_event({**head, "choices": [choice]})
+        event = {**head, "choices": [choice]}
+        if req.continuous_usage:
+            event["usage"] = usage_of(choices, results)
+        return sse_event(event)
 
     # OpenAI's first chunk of every choice carries only the role.
     for c in choices:
-        yield chunk(c.index, {"role": "assistant", "content": ""})
-    results = [ChoiceResult() for _ in choices]
+        yield chunk(c.index, {"role": "assistant", "content": ""},
+                    extra=token_id_fields(req.return_token_ids, c.input_ids, []))
     tool_deltas = [None if (s := plan.stream()) is None else ToolDeltas(s) for _ in choices]
     async with aclosing(merge_streams(streams)) as merged:
         async for k, out in merged:
@@ -112,6 +122,7 @@ async def _stream(tm: TokenizerManager, req: ChatCompletionRequest, plan: ToolPl
             if not delta and not finished and not out.logprobs:
                 continue
             yield chunk(choices[k].index, delta, _logprobs(tm, req, out.logprobs),
-                        reason, out.matched_stop)
+                        reason, out.matched_stop,
+                        token_id_fields(req.return_token_ids, None, out.token_ids_delta))
     if req.include_usage:
         yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})

@@ -17,6 +17,7 @@ from radixlm.server.stream_prime import prime_streams
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import completion_logprobs
+from radixlm.server.openai_extras import completion_max_tokens, token_id_fields, truncate_prompt
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
 from radixlm.server.protocol import CompletionRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
@@ -27,11 +28,16 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
                             request: Request) -> Response:
     """Validate everything (ValueError -> 400) before the first byte is sent."""
     planned = []
+    echoes: list[str] = []  # each prompt's text, for `echo`
     for prompt in req.prompts():
-        ids = tm.tokenize_prompt(prompt)
-        params = req.sampling_params(tm.default_max_tokens(len(ids)))
+        ids = truncate_prompt(tm.tokenize_prompt(prompt), req.truncate_prompt_tokens,
+                              tm.context_len)
+        params = req.sampling_params(completion_max_tokens(tm.default_max_tokens(len(ids))))
         tm.check_request(ids, params)
         planned.append((ids, params))
+        if req.echo:
+            untouched = isinstance(prompt, str) and req.truncate_prompt_tokens is None
+            echoes.append(prompt if untouched else tm.tokenizer.decode(ids))
     choices = plan_choices(planned, req.num_choices, req.timeout)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model_name}
@@ -40,7 +46,8 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
         if any(c.params.constraint is not None for c in choices):
             # A grammar that fails to compile is a 400, not an error event in a 200.
             streams = await run_until_disconnect(request, prime_streams(streams))
-        return SSEResponse(guarded_sse(_stream(req, choices, streams, head, tm), "completion"))
+        return SSEResponse(guarded_sse(_stream(req, choices, streams, head, tm, echoes),
+                                       "completion"))
 
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     body_choices = []
@@ -48,16 +55,25 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
         logprobs = None
         if req.logprobs is not None:
             logprobs, _ = completion_logprobs(r.logprobs, tm.token_str, req.logprobs)
-        body_choices.append({"index": c.index, "text": r.text, "logprobs": logprobs,
-                             "finish_reason": r.finish_reason, "stop_reason": r.matched_stop})
+        text = echoes[c.prompt_idx] + r.text if req.echo else r.text
+        body_choices.append({"index": c.index, "text": text, "logprobs": logprobs,
+                             "finish_reason": r.finish_reason, "stop_reason": r.matched_stop,
+                             **token_id_fields(req.return_token_ids, c.input_ids,
+                                               r.token_ids)})
     return JSONResponse({**head, "choices": body_choices, "usage": usage_of(choices, results)})
 
 
 async def _stream(req: CompletionRequest, choices: list[Choice],
                   streams: list[AsyncGenerator[ReqStrOut, None]], head: dict[str, Any],
-                  tm: TokenizerManager) -> AsyncIterator[str]:
+                  tm: TokenizerManager, echoes: list[str]) -> AsyncIterator[str]:
     results = [ChoiceResult() for _ in choices]
     offsets = [0] * len(choices)  # text_offset of each choice's next token
+    first = [True] * len(choices)
+    for k, c in enumerate(choices) if req.echo else ():
+        first[k] = False
+        yield sse_event({**head, "choices": [{
+            "index": c.index, "text": echoes[c.prompt_idx], "logprobs": None,
+            "finish_reason": None, **token_id_fields(req.return_token_ids, c.input_ids, [])}]})
     async with aclosing(merge_streams(streams)) as merged:
         async for k, out in merged:
             results[k].add(out)
@@ -68,7 +84,14 @@ async def _stream(req: CompletionRequest, choices: list[Choice],
                 logprobs, offsets[k] = completion_logprobs(out.logprobs or [], tm.token_str,
                                                            req.logprobs, offsets[k])
             choice = {"index": choices[k].index, "text": out.text_delta, "logprobs": logprobs,
-                      "finish_reason": out.finish_reason, "stop_reason": out.matched_stop}
-            yield sse_event({**head, "choices": [choice]})
+                      "finish_reason": out.finish_reason, "stop_reason": out.matched_stop,
+                      **token_id_fields(req.return_token_ids,
+                                        choices[k].input_ids if first[k] else None,
+                                        out.token_ids_delta)}
+            first[k] = False
+            event = {**head, "choices": [choice]}
+            if req.continuous_usage:
+                event["usage"] = usage_of(choices, results)
+            yield sse_event(event)
     if req.include_usage:
         yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})

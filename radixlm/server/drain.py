@@ -1,6 +1,9 @@
-"""Graceful drain on SIGTERM: finish what runs, refuse what comes, then exit 0.
+"""Graceful drain on SIGTERM or SIGINT: finish what runs, refuse what comes, then exit 0.
 
-`DrainingServer` is uvicorn's Server with SIGTERM handled in three phases:
+The signal may reach the API process alone or the whole process group (systemd's
+KillMode=control-group, Ctrl-C in a terminal): the children ignore both
+(`process_utils.leave_shutdown_to_parent`) and are stopped by the launcher afterwards.
+`DrainingServer` is uvicorn's Server with the first SIGTERM/SIGINT handled in three phases:
   1. stop admitting: `AdmissionControl.draining` makes every new generate request a 503
      and /health a 503 (load balancers and the router take the instance out), while the
      listener stays open so clients get that answer instead of a refused connection;
@@ -8,9 +11,8 @@
   3. fail whatever is still in flight with a clear 503 error (the scheduler aborts it and
      frees its KV), give the handlers a moment to send those answers, then let uvicorn
      shut down as usual (the launcher then stops the child processes).
-The signal is not re-raised afterwards (uvicorn's default), so the process exits 0.
-A second SIGTERM, SIGINT, or a dead child process (the engine is unhealthy: nothing
-would finish) skips the drain and exits at once.
+The signal is not re-raised (as uvicorn would), so the process exits 0. A second
+signal, or a dead child (nothing would finish), skips the drain and exits at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
 ANSWER_GRACE_S = 0.5  # for the failed requests' handlers to send their error answers
+_DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class DrainingServer(uvicorn.Server):
@@ -35,24 +38,35 @@ class DrainingServer(uvicorn.Server):
         self.shutdown_timeout = shutdown_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self._signals = 0  # SIGTERM/SIGINT received so far
 
     async def serve(self, sockets=None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        first = not self.tm.admission.draining
-        if sig == signal.SIGTERM and first and self.tm.healthy and self._loop is not None:
+        if sig not in _DRAIN_SIGNALS:
+            super().handle_exit(sig, frame)
+            return
+        self._signals += 1
+        first = self._signals == 1
+        if first and self.tm.healthy and self._loop is not None:
             self.tm.admission.draining = True
-            logger.info("SIGTERM: draining (new requests get 503); %d requests in flight, "
-                        "waiting up to %g s", self.tm.num_running, self.shutdown_timeout)
+            logger.info("%s: draining (new requests get 503); %d requests in flight, "
+                        "waiting up to %g s", signal.Signals(sig).name, self._in_flight(),
+                        self.shutdown_timeout)
             # A signal handler runs between two bytecodes of the loop's thread: schedule.
             self._loop.call_soon_threadsafe(self._start_drain)
             return
-        if sig == signal.SIGTERM:
-            self.should_exit = True  # no re-raise: exit 0
-            return
-        super().handle_exit(sig, frame)
+        # Not re-raised (uvicorn would re-raise it after serving): exit 0.
+        if not first:  # a second signal: stop at once, without waiting for connections
+            logger.warning("%s again: stopping now", signal.Signals(sig).name)
+            self.force_exit = True
+        self.should_exit = True
+
+    def _in_flight(self) -> int:
+        """Requests sent to the scheduler, or admitted and about to be."""
+        return max(self.tm.num_running, self.tm.admission.in_flight)
 
     def _start_drain(self) -> None:
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
@@ -60,7 +74,7 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.shutdown_timeout
-        while self.tm.num_running and loop.time() < deadline and self.tm.healthy:
+        while self._in_flight() and loop.time() < deadline and self.tm.healthy:
             await asyncio.sleep(POLL_S)
         left = self.tm.num_running
         if left:

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixlm.server.errors import error_body, stream_error_status
+from radixlm.server.errors import APIError, error_body, stream_error_status
 
 T = TypeVar("T")
 
@@ -52,6 +52,8 @@ class SSEResponse(StreamingResponse):
 
     Starlette only watches for `http.disconnect` under ASGI spec < 2.4; here we always do,
     and we close the body iterator in every case so its `finally` blocks run promptly.
+    `on_close` callbacks run once the stream has ended, however it ended (admission
+    releases the request's slots there).
     """
 
     media_type = "text/event-stream"
@@ -59,6 +61,7 @@ class SSEResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[str]) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._events = content
+        self.on_close: list[Callable[[], None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -78,10 +81,14 @@ class SSEResponse(StreamingResponse):
                 tg.start_soon(stream_then_stop)
                 tg.start_soon(disconnect_then_stop)
         finally:
-            aclose = getattr(self._events, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
+            try:
+                aclose = getattr(self._events, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
+            finally:
+                for callback in self.on_close:
+                    callback()
 
 
 class ClientDisconnected(Exception):
@@ -108,3 +115,15 @@ async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
     if work_task.done() and not work_task.cancelled():
         return work_task.result()
     raise ClientDisconnected()
+
+
+def check_json_body(request: Request) -> None:
+    """415 unless the body is declared JSON (`application/json` or `+json`); a request
+    without a Content-Type is read as JSON, as OpenAI clients always send it."""
+    kind = request.headers.get("content-type")
+    if kind is None:
+        return
+    media = kind.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise APIError(415, f"Unsupported Content-Type {media!r}: the body must be JSON "
+                       "(application/json).")

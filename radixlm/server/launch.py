@@ -3,7 +3,8 @@ serve FastAPI + uvicorn + TokenizerManager in this, the API process.
 
     API process (this one) --ZMQ--> scheduler process --ZMQ--> detokenizer process --ZMQ--> API
 
-If a child dies while serving, the server shuts down rather than leave requests hanging.
+Children ignore SIGTERM/SIGINT (a group signal is this process's to handle: it drains
+first); if one dies while serving, the server shuts down rather than leave requests hanging.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def launch_server(args: ServerArgs) -> None:
             logger.error("%s process died (exit code %s); shutting down", p.name, p.exitcode)
             os.kill(os.getpid(), signal.SIGTERM)
 
-        threading.Thread(target=watch_children, args=(procs, on_death), daemon=True).start()
+        serving = threading.Event()
+        serving.set()  # cleared once uvicorn is done: stopping the children is no death
+        threading.Thread(target=watch_children, args=(procs, on_death, serving),
+                         daemon=True).start()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_keep_alive=30)
         server = DrainingServer(config, tm, args.shutdown_timeout)  # SIGTERM: drain, exit 0
@@ -75,7 +79,10 @@ def launch_server(args: ServerArgs) -> None:
             await tm.start()
             await server.serve()
 
-        asyncio.run(serve())
+        try:
+            asyncio.run(serve())
+        finally:
+            serving.clear()
         if not tm.healthy:
             raise LaunchError("a child process died while serving (see the log above)")
     finally:

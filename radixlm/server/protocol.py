@@ -29,6 +29,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False
+    # vLLM: usage (so far) on every chunk, not only on the last one.
+    continuous_usage_stats: bool | None = False
 
 
 class _SamplingFields(ConstraintFields, _Strict):
@@ -57,14 +59,28 @@ class _SamplingFields(ConstraintFields, _Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
-    # Accepted only in its no-op form: ignoring it silently would mislead the client.
+    # Token id (as a JSON key) -> bias in [-100, 100], added to the logits in the sampler.
     logit_bias: dict[str, float] | None = None
+    # vLLM: keep only the last N prompt tokens (-1: as many as the context allows).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM: the prompt's and each choice's token ids in the answer.
+    return_token_ids: bool | None = None
+    include_stop_str_in_output: bool | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+        if any(not k.strip().isdigit() for k in self.logit_bias or {}):
+            raise ValueError("logit_bias keys must be token ids (non-negative integers)")
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens must be -1 or >= 1")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be given when stream is true")
         return self
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.include_usage and self.stream_options
+                    and self.stream_options.continuous_usage_stats)
 
     @property
     def num_choices(self) -> int:
@@ -96,9 +112,12 @@ class _SamplingFields(ConstraintFields, _Strict):
             "ignore_eos": self.ignore_eos,
             "seed": self.seed,
             "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": logprobs,
             "top_logprobs": top_logprobs,
             "constraint": self.constraint(),
+            "logit_bias": {int(k): v for k, v in self.logit_bias.items()}
+            if self.logit_bias else None,
         }
         # None means "not given": keep SamplingParams' default (temperature 1.0, etc.).
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
@@ -116,8 +135,9 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check(self) -> "CompletionRequest":
-        if self.echo:
-            raise ValueError("echo is not supported")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (the logprobs of the "
+                             "prompt's tokens are not computed)")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
@@ -178,13 +198,22 @@ class ChatCompletionRequest(ToolFields, _SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    # vLLM extension: leave the assistant turn open (default) or not.
+    # vLLM extensions: leave the assistant turn open (default) or not; or continue the
+    # last (assistant) message instead of starting a new turn.
     add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using top_logprobs, logprobs must be set to true")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message: set add_generation_prompt to false "
+                                 "to continue the final message")
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message: the last message must be the "
+                                 "assistant's")
         check_messages(self.messages)
         return self
 

@@ -172,15 +172,18 @@ class TokenizerManager:
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]] | None = None,
                             add_generation_prompt: bool = True,
-                            chat_template: str | None = None) -> list[int]:
+                            chat_template: str | None = None,
+                            continue_final_message: bool = False) -> list[int]:
         """Render the chat template (the model's, or `chat_template`) to text, then encode
-        it without adding special tokens (the template writes them itself)."""
+        it without adding special tokens (the template writes them itself).
+        `continue_final_message`: the last message stays open (no end-of-turn after it)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This model has no chat template; use /v1/completions instead.")
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                tokenize=False, chat_template=chat_template)
+                tokenize=False, chat_template=chat_template,
+                continue_final_message=continue_final_message)
         except Exception as e:  # jinja errors, raise_exception() in the template, ...
             raise ValueError(f"Cannot apply the chat template: {e}") from e
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -8,6 +8,7 @@ token stopped inside a multi-byte character: nothing is emitted until it complet
 
 While streaming a request with stop strings, the last `stop_hold_chars` characters are
 held back, since they may be the start of a stop string that the next token completes.
+The matched stop string is cut from the text unless `include_stop_str` asks to keep it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class Detokenizer:
             if isinstance(out.matched_stop, str):
                 cut = st.text.find(out.matched_stop)
                 if cut >= 0:
-                    st.text = st.text[:cut]
+                    keep = len(out.matched_stop) if out.include_stop_str else 0
+                    st.text = st.text[:cut + keep]
             end = len(st.text)
             del self.states[out.rid]
         else:

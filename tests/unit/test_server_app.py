@@ -130,10 +130,13 @@ def test_stop_string_and_stop_token(client: TestClient, stack: FakeStack) -> Non
     assert c["text"] == "mat and dog"
 
 
-def test_default_max_tokens_is_the_room_left(client: TestClient) -> None:
+def test_default_max_tokens_is_openais_16(client: TestClient) -> None:
     body = post(client, "/v1/completions", {"prompt": "hello world"})
-    assert body["usage"]["completion_tokens"] == CONTEXT_LEN - 2
+    assert body["usage"]["completion_tokens"] == 16
     assert body["choices"][0]["finish_reason"] == "length"
+    # Less when the context has less room left.
+    body = post(client, "/v1/completions", {"prompt": [1] * (CONTEXT_LEN - 5)})
+    assert body["usage"]["completion_tokens"] == 5
 
 
 def test_seed_reproducible(client: TestClient) -> None:
@@ -239,7 +242,11 @@ MSG = [{"role": "user", "content": "hello"}]
     ("/v1/completions", {"prompt": "hello", "max_tokens": "5"}, "max_tokens"),
     ("/v1/completions", {"prompt": 5}, "prompt"),
     ("/v1/completions", {"prompt": "hello", "n": 0}, "n"),
-    ("/v1/completions", {"prompt": "hello", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "hello", "echo": True, "logprobs": 1}, "echo with logprobs"),
+    ("/v1/completions", {"prompt": "hello", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("/v1/completions", {"prompt": "hello", "truncate_prompt_tokens": 0},
+     "truncate_prompt_tokens"),
     ("/v1/completions", {"prompt": "hello", "max_tokens": 1000}, "maximum context length is 256"),
     ("/v1/completions", {"prompt": "hello " * 300}, "maximum context length is 256"),
     ("/v1/completions", {"prompt": "hello", "stop_token_ids": [-1]}, "stop_token_ids"),
