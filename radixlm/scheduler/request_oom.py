@@ -14,9 +14,9 @@ which direction, `mem/oom.py`). Here, when its batch is processed:
     of its path from that position on is dropped (`RadixCache.discard_from`).
 The pool invariant holds throughout: dropped leaves give their slots to the allocator.
 
-Known limit (overlap only): a request admitted in the very next batch, while this one
-ran, may have matched the garbage prefix (it was cached at launch) and locked it; its
-output is then computed from that garbage. Nothing leaks either way.
+Overlap: the garbage prefix entered the cache at launch, so a request admitted while
+this forward ran could match it; admission defers any request whose match contains a
+slot of the in-flight batch or of a failed, unreleased request (`unsettled_kv.py`).
 """
 
 from __future__ import annotations
