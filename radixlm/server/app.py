@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -39,6 +39,7 @@ from radixlm.server.grammar_metrics import GRAMMAR_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.openapi_bodies import install_request_bodies
+from radixlm.server.openapi_responses import install_responses
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.server.server_info import get_server_info_body
 from radixlm.server.tokenizer_manager import TokenizerManager
@@ -148,7 +149,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     metrics = EngineMetrics(model_name, [*tm.admission.metric_defs(lambda: tm.num_running),
                                          *GRAMMAR_METRICS])
 
-    @api.get("/metrics")
+    @api.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
         """Prometheus text format (radixlm/server/metrics.py); pool gauges are left out
         and radixlm_scheduler_up is 0 when the scheduler does not answer in 5 s."""
@@ -187,4 +188,5 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     install_request_bodies(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/generate": GenerateRequest})
+    install_responses(app)  # last: documents the statuses of every route above
     return app
