@@ -198,3 +198,38 @@ def test_bad_grammar_fails_cleanly_and_others_run(make_engine) -> None:
     assert meta["finish_reason"] == "abort" and "invalid ebnf" in meta["error"]
     assert engine.result(rid_ok)["meta_info"]["completion_tokens"] == 4
     _all_back(engine)
+
+
+def test_abort_while_waiting_for_its_grammar(make_engine) -> None:
+    """A constrained request aborted while its grammar still compiles (the compile thread
+    is held) ends at once with "abort", holds nothing, and never runs once the grammar
+    arrives; an unconstrained request alongside runs meanwhile."""
+    import threading
+
+    from radixlm.constrained.grammar_queue import GrammarQueue
+
+    gate = threading.Event()
+    compile_ = GrammarQueue._compile
+    engine = make_engine(disable_overlap_schedule=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GrammarQueue, "_compile",
+                   lambda self, c: (gate.wait(60), compile_(self, c))[1])
+        rid = engine.submit("x", _params(constraint_from_request({"regex": REGEX})))
+        other = engine.submit("Hello", SamplingParams(max_new_tokens=3, temperature=0))
+        for _ in range(3):
+            engine.step()
+        assert engine.scheduler.constrained.num_queued == 1  # still compiling
+        engine.abort(rid)
+        engine.step()  # answered by the next step, not when a compile timeout passes
+        assert engine.result(rid)["finished"]
+        meta = engine.result(rid)["meta_info"]
+        assert meta["finish_reason"] == "abort" and meta["error"] is None
+        assert engine.result(rid)["output_ids"] == []
+        engine.run_until_done([other])
+        assert engine.scheduler.constrained.num_queued == 0
+        assert engine.result(other)["meta_info"]["completion_tokens"] == 3
+        gate.set()  # the grammar arrives after the abort: nothing runs
+        for _ in range(5):
+            assert engine.step() == []
+        assert not engine.scheduler.has_work()
+    _all_back(engine)
