@@ -134,6 +134,7 @@ def test_seeded_temperature_one_and_n2(make_engine) -> None:
     serial = make_engine(disable_overlap_schedule=True)
     a = _run_and_check(serial, temperature=1.0, seed=7)
     b = _run_and_check(serial, temperature=1.0, seed=8)
+    assert a != b  # the seed is used: seeds 7 and 8 sample differently
     assert _run_and_check(serial, temperature=1.0, seed=7) == a
     overlap = make_engine(disable_overlap_schedule=False)
     assert _run_and_check(overlap, temperature=1.0, seed=8) == b
