@@ -38,7 +38,8 @@ round computes is deferred -- it keeps its place in the queue and the scan goes 
 the next candidate. Right after every extend, each request's computed prompt KV is put in
 the radix cache (`cache_unfinished_req`), so in the next step the deferred request finds
 the shared prefix cached and computes only its own suffix: requests arriving together
-with a common prefix compute it once.
+with a common prefix compute it once. Overlap: a match into K/V whose forward is still in
+flight (or failed) is deferred until that forward is processed (`unsettled_kv.py`).
 
 KV reserve for decoding (`new_token_ratio`, as in SGLang): admission reserves, for every
 running and admitted request, ceil(remaining max_new_tokens * new_token_ratio) slots
