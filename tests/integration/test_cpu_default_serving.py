@@ -16,6 +16,7 @@ import torch
 from radixlm import Engine, SamplingParams, cpu_features
 from radixlm.models import load_model, resolve_model_path
 from radixlm.models.linear.int4 import Int4GroupwiseLinear, int4_kernel_runs_on
+from tests import machine_facts
 from tests.conftest import requires_default_model
 from tests.conftest_models import PoolHarness
 from tests.engine_checks import assert_all_slots_back
@@ -36,7 +37,8 @@ def real_cpu(monkeypatch):
 def test_default_cpu_serving_config_gives_the_models_tokens(real_cpu) -> None:
     eng = Engine(enable_torch_compile=True, torch_compile_max_bs=1, max_total_tokens=1024)
     runner = eng.scheduler.runner
-    want_dtype = torch.bfloat16 if cpu_features.fast_bf16_flags() else torch.float32
+    bf16 = set(machine_facts.BF16_FLAGS) & machine_facts.cpu_flags()  # from /proc/cpuinfo
+    want_dtype = torch.bfloat16 if bf16 else torch.float32
     assert runner.dtype == want_dtype
     if int4_kernel_runs_on(runner.device):
         assert any(isinstance(m, Int4GroupwiseLinear) for m in runner.model.modules())
