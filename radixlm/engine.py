@@ -63,7 +63,8 @@ class Engine:
                                     "completion_tokens": o.completion_tokens,
                                     "cached_tokens": o.cached_tokens,
                                     "finish_reason": o.finish_reason,
-                                    "matched_stop": o.matched_stop, "error": o.error}
+                                    "matched_stop": o.matched_stop, "error": o.error,
+                                    "error_status": o.error_status}
         return outs
 
     def result(self, rid: str) -> dict[str, Any]:

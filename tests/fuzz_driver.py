@@ -9,7 +9,12 @@ Every operation of /openapi.json gets `max_examples` generated requests in each 
     error event with a 5xx code;
   * a 2xx for a negative (schema-violating) request: counted as "accepted_negative",
     a finding to look at, not a failure (the schema cannot state every rule, e.g. a
-    union of strict types).
+    union of strict types);
+  * conformant to the schema (schemathesis's checks, CONFORMANCE): its status is one the
+    operation documents, with a documented content type, the documented headers and a
+    body that fits the documented schema.
+Statuses are counted per operation too (`by_operation`), so a caller can require that
+every operation was served (2xx) at least once, not just some GET.
 Failures are collected, not raised inside hypothesis, so a run finishes and reports all.
 Used by tests/e2e/test_api_fuzz.py (bounded) and scripts/fuzz_api.py (long).
 """
@@ -24,6 +29,11 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.checks import (content_type_conformance, response_headers_conformance,
+                                 response_schema_conformance, status_code_conformance)
+
+CONFORMANCE = [status_code_conformance, content_type_conformance,
+               response_headers_conformance, response_schema_conformance]
 
 
 @dataclass
@@ -31,6 +41,7 @@ class FuzzReport:
     calls: int = 0
     statuses: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
+    by_operation: dict[str, Counter] = field(default_factory=dict)  # "POST /path" -> statuses
     accepted_negative: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -89,12 +100,16 @@ def fuzz(base_url: str, max_examples: int, *, headers: dict[str, str] | None = N
                 resp = case.call(base_url=base_url, headers=headers, timeout=timeout_s)
                 report.calls += 1
                 report.statuses[resp.status_code] += 1
+                report.by_operation.setdefault(f"{op.method.upper()} {op.path}",
+                                               Counter())[resp.status_code] += 1
                 what = f"{mode} {op.method.upper()} {op.path} body={_short(case.body)}"
                 problem = check_response(resp.status_code,
                                          resp.headers.get("content-type", [""])[0]
                                          if isinstance(resp.headers.get("content-type"), list)
                                          else resp.headers.get("content-type", ""),
                                          resp.content)
+                if problem is None:
+                    problem = _nonconformance(case, resp)
                 if problem:
                     report.failures.append(f"{what}: {problem}")
                 elif mode == "negative" and resp.status_code < 300 and op.method == "post":
@@ -105,6 +120,15 @@ def fuzz(base_url: str, max_examples: int, *, headers: dict[str, str] | None = N
             except Unsatisfiable:  # negative mode of an operation that takes nothing
                 pass
     return report
+
+
+def _nonconformance(case, resp) -> str | None:
+    """What schemathesis's conformance checks say about `resp`, or None."""
+    try:
+        case.validate_response(resp, checks=CONFORMANCE)
+    except Exception as e:  # a Failure or a FailureGroup: their text names the check
+        return f"not conformant to the schema ({resp.status_code}): {str(e)[:600]}"
+    return None
 
 
 def _short(body: object) -> str:

@@ -114,6 +114,30 @@ class RequestKV:
         dropped = self.tree_cache.discard_from(key, poisoned)
         logger.info("request %s: dropped %d cached tokens its failed forward wrote", req.rid, dropped)
 
+    # --- K/V a forward has not settled yet (overlap) ----------------------------------
+
+    def unsettled_slots(self, inflight_loc: torch.Tensor | None,
+                        finishing: Iterable[Req]) -> torch.Tensor | None:
+        """Slots a new match must not contain (None: none): those the launched, unprocessed
+        batch writes (`inflight_loc`) and a failed, unreleased request's poisoned positions.
+        Their prompt K/V entered the cache at launch; under overlap admission runs before
+        the forward is known to succeed, so such a match is deferred one round. The serial
+        loop never has either kind at admission. docs/scheduler.md, "Failed forwards"."""
+        parts = [] if inflight_loc is None else [inflight_loc]
+        table = self.req_to_token_pool.req_to_token
+        for req in finishing:  # a failed request waits there until no batch reads it
+            if req.kv_poisoned_from is not None and req.req_pool_idx is not None:
+                parts.append(table[req.req_pool_idx, req.kv_poisoned_from:req.kv_len])
+        parts = [p for p in parts if p.numel()]
+        return torch.cat([p.to(torch.int64) for p in parts]) if parts else None
+
+    @staticmethod
+    def reads_unsettled(match_slots: torch.Tensor, unsettled: torch.Tensor | None) -> bool:
+        """Whether a matched prefix's slots include an unsettled one."""
+        if unsettled is None or match_slots.numel() == 0:
+            return False
+        return bool(torch.isin(match_slots.to(unsettled.device), unsettled).any())
+
     # --- accounting -----------------------------------------------------------------
 
     def held_by(self, reqs: Iterable[Req]) -> int:

@@ -323,9 +323,13 @@ class Scheduler:
         if self.waiting and adder.free_rows > 0:
             self.policy.calc_priority(self.waiting, self.tree_cache)
         sharing = InBatchPrefixSharing(enabled=not self.tree_cache.disable)
+        unsettled = None
+        if self.waiting:  # overlap: K/V of a forward not known to succeed is not matched
+            loc = self.inflight.batch.forward_batch.out_cache_loc if self.inflight else None
+            unsettled = self.kv.unsettled_slots(loc, self.finishing)
         deferred: list[Req] = []
         while self.waiting:
-            outcome = self._try_admit(self.waiting[0], adder, sharing)
+            outcome = self._try_admit(self.waiting[0], adder, sharing, unsettled)
             if outcome == REFUSED:
                 break
             req = self.waiting.popleft()
@@ -345,13 +349,15 @@ class Scheduler:
             return self._decode_batch()
         return None
 
-    def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing) -> str:
+    def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing,
+                   unsettled: torch.Tensor | None = None) -> str:
         """Match `req`'s longest cached prefix, lock it, and admit the request if the
         budgets allow; on admission it gets a req_to_token row whose first prefix_len
         positions are the cache's slots. Returns ADMITTED, DEFERRED (a request admitted
         earlier in this round computes enough of its prefix: try again next round) or
         REFUSED (the budgets are exhausted: end the round). Unless admitted, nothing is
-        left locked or held."""
+        left locked or held. A match containing `unsettled` slots (K/V of a forward not
+        known to succeed, `RequestKV.unsettled_slots`) is DEFERRED too."""
         if req.req_pool_idx is not None:  # a chunked prefill continuing: row and lock held
             if not adder.try_add(req):
                 return REFUSED
@@ -360,6 +366,8 @@ class Scheduler:
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
         match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
+        if self.kv.reads_unsettled(match.device_indices, unsettled):
+            return DEFERRED
         if sharing.should_defer(req, match.prefix_len):
             return DEFERRED
         locked = not cache.disable

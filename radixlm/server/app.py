@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -42,7 +42,7 @@ from radixlm.server.grammar_metrics import GRAMMAR_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.openapi_bodies import install_request_bodies
-from radixlm.server.openapi_errors import error_responses
+from radixlm.server.openapi_responses import error_responses, install_responses
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.server.responses.request import ResponsesRequest
 from radixlm.server.responses.route import create_response, delete_response, get_response
@@ -163,7 +163,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     metrics = EngineMetrics(model_name, [*tm.admission.metric_defs(lambda: tm.num_running),
                                          *GRAMMAR_METRICS])
 
-    @api.get("/metrics")
+    @api.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
         """Prometheus text format (radixlm/server/metrics.py); pool gauges are left out
         and radixlm_scheduler_up is 0 when the scheduler does not answer in 5 s."""
@@ -183,17 +183,17 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
             return error_response(400, result.message)
         return JSONResponse({"message": result.message})
 
-    @api.post("/v1/completions", responses=error_responses(400, 408, 415, 429, 503))
+    @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest,
                             lambda req: create_completion(tm, req, model_name, request), tm)
 
-    @api.post("/v1/chat/completions", responses=error_responses(400, 408, 415, 429, 503))
+    @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest,
                             lambda req: create_chat_completion(tm, req, model_name, request), tm)
 
-    @api.post("/generate", responses=error_responses(400, 408, 415, 429, 503))
+    @api.post("/generate")
     async def generate(request: Request) -> Response:
         return await handle(request, GenerateRequest,
                             lambda req: generate_native(tm, req, request), tm)
@@ -201,7 +201,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     api.include_router(extension_routes(tm, model_name, created))
     responses_store = ResponseStore(args.responses_store_size)
 
-    @api.post("/v1/responses", responses=error_responses(400, 404, 408, 415, 429, 503))
+    @api.post("/v1/responses", responses=error_responses(404))
     async def responses(request: Request) -> Response:
         """OpenAI's Responses API over the chat path (radixlm/server/responses/)."""
         return await handle(request, ResponsesRequest, lambda req: create_response(
@@ -222,4 +222,5 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
                                  "/v1/responses": ResponsesRequest,
                                  "/tokenize": TokenizeRequest,
                                  "/detokenize": DetokenizeRequest})
+    install_responses(app)  # last: documents the statuses of every route above
     return app

@@ -20,7 +20,7 @@ from starlette.responses import Response
 import radixlm
 from radixlm.server.errors import APIError, error_response, validation_message
 from radixlm.server.http_util import check_json_body
-from radixlm.server.openapi_errors import error_responses
+from radixlm.server.openapi_responses import error_responses
 from radixlm.server.protocol import ChatMessage
 from radixlm.server.tokenizer_manager import TokenizerManager
 
@@ -94,12 +94,12 @@ def extension_routes(tm: TokenizerManager, model_name: str, created: int) -> API
         except ValueError as e:
             return error_response(400, str(e))
 
-    @router.post("/tokenize", responses=error_responses(400, 415))
+    @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         """Token ids of a prompt or a chat (SGLang's and vLLM's /tokenize)."""
         return await run(request, TokenizeRequest, lambda req: _tokenize(tm, req))
 
-    @router.post("/detokenize", responses=error_responses(400, 415))
+    @router.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         """The text of token ids: `text` (SGLang) and `prompt` (vLLM)."""
         def answer(req: DetokenizeRequest) -> dict[str, Any]:

@@ -35,6 +35,18 @@ SAMPLING_RANGES: dict[str, dict[str, float]] = {
 }
 
 
+# One valid body per request model, published as the media type's `example`: clients see
+# a working request, and fuzzers (schemathesis's explicit phase) send it, so every
+# generation endpoint is served at least once whatever random bodies they make.
+BODY_EXAMPLES: dict[str, dict[str, Any]] = {
+    "CompletionRequest": {"prompt": "Say hello", "max_tokens": 4, "temperature": 0},
+    "ChatCompletionRequest": {"messages": [{"role": "user", "content": "Say hello"}],
+                              "max_tokens": 4, "temperature": 0},
+    "GenerateRequest": {"text": "Say hello",
+                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+}
+
+
 def _with_ranges(props: dict[str, Any]) -> None:
     """Add SAMPLING_RANGES to the numeric branch of each field's (nullable) schema."""
     for name, bounds in SAMPLING_RANGES.items():
@@ -63,8 +75,10 @@ def install_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> 
             components.update(defs)
             components[model.__name__] = js
             op = schema["paths"][path]["post"]
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": _REF.format(model=model.__name__)}}}}
+            media: dict[str, Any] = {"schema": {"$ref": _REF.format(model=model.__name__)}}
+            if model.__name__ in BODY_EXAMPLES:
+                media["example"] = BODY_EXAMPLES[model.__name__]
+            op["requestBody"] = {"required": True, "content": {"application/json": media}}
         app.openapi_schema = schema
         return schema
 

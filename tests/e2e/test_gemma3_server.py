@@ -49,6 +49,12 @@ def test_greedy_completion_is_coherent_and_streams_the_same(client: Any, model: 
     kw = dict(model=model, prompt="The capital of France is", max_tokens=12, temperature=0)
     full = client.completions.create(**kw)
     text = full.choices[0].text
+    # The offline engine, same model and dtype, gives the same greedy tokens.
+    from radixlm import Engine, SamplingParams
+
+    offline = Engine(model=gemma3_270m_path(), dtype="float32", max_total_tokens=1024)
+    want = offline.generate(kw["prompt"], SamplingParams(max_new_tokens=12, temperature=0))
+    assert text == want["text"], (text, want["text"])
     assert "Paris" in text or "France" in text, text
     assert full.usage.prompt_tokens == 6 and full.usage.completion_tokens == 12
     streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True)

@@ -1,6 +1,7 @@
 """Under load on the real server (tiny model): 100 streaming clients that hang up
-mid-stream leave every KV slot free; a request whose deadline passes while it waits
-behind a full batch gets a 408 and leaves nothing behind; the queue limit answers 429."""
+mid-stream leave every KV slot free; a request whose deadline (its own or the server's
+--request-timeout) passes while it waits behind a full batch gets a 408 and leaves
+nothing behind; the queue limit answers 429."""
 
 from __future__ import annotations
 
@@ -60,31 +61,55 @@ async def _in_flight(client: httpx.AsyncClient, url: str) -> float:
     return float(line.split()[-1])
 
 
-def test_deadline_while_waiting_and_queue_limit(model: str) -> None:
-    with running_server(model, "--max-total-tokens", "8192", "--max-running-requests", "1",
-                        "--max-queued-requests", "1") as srv:
-        long = {"prompt": "w3 w4", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+async def _until_in_flight(client: httpx.AsyncClient, url: str, n: int) -> None:
+    for _ in range(3000):  # 60 s: a clear failure instead of a hang
+        if await _in_flight(client, url) >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never {n} requests in flight")
 
-        async def main() -> tuple[httpx.Response, httpx.Response, list[str]]:
+
+def test_deadline_while_waiting_and_queue_limit(model: str) -> None:
+    """One running slot held by a long stream (its own `timeout` overrides the server's
+    --request-timeout 1). Behind it, one request with `timeout` 0.5 and one without (the
+    server-wide 1 s applies) both end with 408 while the long one still streams. Then two
+    requests without deadlines fill the queue and the next one gets 429. No step depends
+    on a deadline not passing before the client looks."""
+    with running_server(model, "--max-total-tokens", "8192", "--max-running-requests", "1",
+                        "--max-queued-requests", "2", "--request-timeout", "1") as srv:
+        long = {"prompt": "w3 w4", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                "timeout": 600}
+        quiet = {"prompt": "w5", "max_tokens": 4, "timeout": 600}
+
+        async def main() -> tuple[list[httpx.Response], httpx.Response, list[httpx.Response]]:
             async with httpx.AsyncClient(timeout=300) as client:
                 async with client.stream("POST", srv.url + "/v1/completions",
                                          json=long) as resp:
                     lines = resp.aiter_lines()
                     while not (await lines.__anext__()).startswith("data: "):
                         pass  # the long request decodes: the one running slot is taken
-                    waiter = asyncio.create_task(client.post(
-                        srv.url + "/v1/completions",
-                        json={"prompt": "w5", "max_tokens": 4, "timeout": 0.5}))
-                    while await _in_flight(client, srv.url) < 2:  # it waits in the queue
-                        await asyncio.sleep(0.02)
+                    timed_out = await asyncio.gather(
+                        client.post(srv.url + "/v1/completions",
+                                    json={"prompt": "w5", "max_tokens": 4, "timeout": 0.5}),
+                        client.post(srv.url + "/v1/completions",
+                                    json={"prompt": "w7", "max_tokens": 4}))
+                    # Still streaming: the two never left the queue.
+                    assert (await lines.__anext__()) is not None
+                    queued = [asyncio.create_task(client.post(srv.url + "/v1/completions",
+                                                              json=quiet)) for _ in range(2)]
+                    await _until_in_flight(client, srv.url, 3)
                     full = await client.post(srv.url + "/v1/completions",
                                              json={"prompt": "w6", "max_tokens": 1})
-                    timed_out = await waiter
-                    return timed_out, full, []
+                # The long stream is closed (aborted): the queued two run.
+                return timed_out, full, list(await asyncio.gather(*queued))
 
-        timed_out, full, _ = asyncio.run(main())
-        assert timed_out.status_code == 408, timed_out.text
-        assert "timed out" in timed_out.json()["error"]["message"]
+        timed_out, full, served = asyncio.run(main())
+        for r in timed_out:
+            assert r.status_code == 408, r.text
+            assert "timed out" in r.json()["error"]["message"]
+        assert "after 0.5 s" in timed_out[0].json()["error"]["message"]
+        assert "after 1 s" in timed_out[1].json()["error"]["message"]  # --request-timeout
         assert full.status_code == 429 and full.headers["retry-after"] == "1", full.text
         assert json.loads(full.text)["error"]["type"] == "rate_limit_error"
+        assert [r.status_code for r in served] == [200, 200]
         assert_pool_free(srv.url)

@@ -42,8 +42,10 @@ def test_deadline_abort_in_each_phase(tiny_llama_dir: str, phase: str, overlap: 
     prompt = list(range(3, 3 + (100 if phase == "chunked" else 12)))
     rid = eng.submit(prompt, PARAMS, stream=True)
     for _ in range(200):  # step until the request is in the phase
+        # "waiting": behind a full batch, i.e. after `other` took the one running slot.
         if _phase_of(eng, rid) == phase and (phase != "decoding"
-                                             or eng.result(rid)["output_ids"]):
+                                             or eng.result(rid)["output_ids"]) and (
+                phase != "waiting" or _phase_of(eng, other) == "decoding"):
             break
         eng.step()
         eng.check_invariant()
@@ -54,5 +56,7 @@ def test_deadline_abort_in_each_phase(tiny_llama_dir: str, phase: str, overlap: 
     eng.check_invariant()
     assert eng.result(rid)["meta_info"]["finish_reason"] == "abort"
     assert len(eng.result(rid)["output_ids"]) < PARAMS.max_new_tokens
+    if phase == "waiting":
+        assert eng.result(rid)["output_ids"] == []  # never admitted
     assert eng.result(other)["output_ids"] == want
     assert_all_slots_back(eng)

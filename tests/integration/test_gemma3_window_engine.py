@@ -1,7 +1,8 @@
 """Gemma 3's sliding window through the whole engine, on a tiny random checkpoint with a
 window of 8 and prompts of 30 tokens: chunked prefill with chunks smaller (4) and larger
 (16) than the window, decode, radix-cache hits (a repeated prompt and a shared prefix),
-with the torch backend and the batch-invariant one (--enable-deterministic-inference);
+on the overlap and the serial loop, with the torch backend and the batch-invariant one
+(--enable-deterministic-inference);
 greedy tokens equal transformers' every time and all KV slots come back."""
 
 from __future__ import annotations
@@ -58,9 +59,14 @@ def test_window_through_chunks_decode_and_cache_hits(checkpoint, chunk, determin
     path, hf = checkpoint
     prompts = _prompts()
     want = [_hf_greedy(hf, p) for p in prompts]
+    # Both loops without doubling the cases: chunks of 4 on the overlap loop (its
+    # launch-time bookkeeping meets the window between chunks), 16 on the serial one.
+    overlap = chunk == 4
     eng = Engine(model=path, dtype="float32", chunked_prefill_size=chunk,
                  max_total_tokens=1024, max_running_requests=4,
-                 enable_deterministic_inference=deterministic)
+                 enable_deterministic_inference=deterministic,
+                 disable_overlap_schedule=not overlap)
+    assert eng.scheduler.overlap == overlap
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
     first = eng.generate(prompts[:2], params)  # batched, chunked
     assert [r["output_ids"] for r in first] == want[:2]

@@ -64,6 +64,7 @@ def test_lone_prefill_oom_fails_alone_and_the_other_completes(make) -> None:
     err = meta["error"]
     assert "Out of memory in prefill" in err and "torch.OutOfMemoryError" in err, err
     assert "activation pool" in err
+    assert meta["error_status"] == 507  # HTTP 507 Insufficient Storage, not a 500
     assert small["output_ids"] == want_small and small["meta_info"]["error"] is None
     assert eng.scheduler.worker.timer.oom_failures == 1
     assert_all_slots_back(eng)
@@ -87,6 +88,37 @@ def test_lone_decode_oom_fails_alone_and_the_other_completes(make) -> None:
     assert raised, "the injected OOM never triggered"
     assert long["meta_info"]["finish_reason"] == "abort"
     assert "Out of memory in decode" in long["meta_info"]["error"]
+    assert long["meta_info"]["error_status"] == 507
     assert long["output_ids"] == want[1][:len(long["output_ids"])]
     assert small["output_ids"] == want[0] and small["meta_info"]["error"] is None
+    assert_all_slots_back(eng)
+
+
+def test_next_batch_never_matches_a_failed_prefill_overlap(tiny_llama_dir: str) -> None:
+    """Overlap: request B arrives while A's prefill is on the forward thread and shares
+    A's whole prompt. A's forward fails; B must not have matched (and computed from) the
+    K/V that forward never wrote: B's output is a fresh engine's, its prompt uncached."""
+    b_prompt = BIG + [7, 8, 9]
+    (want_b,) = [r["output_ids"] for r in run(
+        Engine(model=tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=-1,
+               disable_overlap_schedule=True), [b_prompt])]
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=-1,
+                 disable_overlap_schedule=False)
+    assert eng.scheduler.overlap
+    raised = _inject_oom(eng, lambda fb: fb.forward_mode.is_extend()
+                         and fb.extend_seq_lens_cpu == [len(BIG)])
+    a = eng.submit(BIG, PARAMS)
+    eng.step()  # A's prefill launched (its prompt KV entered the cache at launch)
+    assert eng.scheduler.inflight is not None
+    b = eng.submit(b_prompt, PARAMS)
+    while not (eng.result(a)["finished"] and eng.result(b)["finished"]):
+        eng.step()
+        eng.check_invariant()
+    eng.settle()
+    assert raised == [1]
+    assert eng.pop_result(a)["meta_info"]["error_status"] == 507
+    got = eng.pop_result(b)
+    assert got["meta_info"]["error"] is None
+    assert got["meta_info"]["cached_tokens"] == 0
+    assert got["output_ids"] == want_b
     assert_all_slots_back(eng)

@@ -134,6 +134,7 @@ def test_seeded_temperature_one_and_n2(make_engine) -> None:
     serial = make_engine(disable_overlap_schedule=True)
     a = _run_and_check(serial, temperature=1.0, seed=7)
     b = _run_and_check(serial, temperature=1.0, seed=8)
+    assert a != b  # the seed is used: seeds 7 and 8 sample differently
     assert _run_and_check(serial, temperature=1.0, seed=7) == a
     overlap = make_engine(disable_overlap_schedule=False)
     assert _run_and_check(overlap, temperature=1.0, seed=8) == b
@@ -197,4 +198,39 @@ def test_bad_grammar_fails_cleanly_and_others_run(make_engine) -> None:
     meta = engine.result(rid_bad)["meta_info"]
     assert meta["finish_reason"] == "abort" and "invalid ebnf" in meta["error"]
     assert engine.result(rid_ok)["meta_info"]["completion_tokens"] == 4
+    _all_back(engine)
+
+
+def test_abort_while_waiting_for_its_grammar(make_engine) -> None:
+    """A constrained request aborted while its grammar still compiles (the compile thread
+    is held) ends at once with "abort", holds nothing, and never runs once the grammar
+    arrives; an unconstrained request alongside runs meanwhile."""
+    import threading
+
+    from radixlm.constrained.grammar_queue import GrammarQueue
+
+    gate = threading.Event()
+    compile_ = GrammarQueue._compile
+    engine = make_engine(disable_overlap_schedule=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GrammarQueue, "_compile",
+                   lambda self, c: (gate.wait(60), compile_(self, c))[1])
+        rid = engine.submit("x", _params(constraint_from_request({"regex": REGEX})))
+        other = engine.submit("Hello", SamplingParams(max_new_tokens=3, temperature=0))
+        for _ in range(3):
+            engine.step()
+        assert engine.scheduler.constrained.num_queued == 1  # still compiling
+        engine.abort(rid)
+        engine.step()  # answered by the next step, not when a compile timeout passes
+        assert engine.result(rid)["finished"]
+        meta = engine.result(rid)["meta_info"]
+        assert meta["finish_reason"] == "abort" and meta["error"] is None
+        assert engine.result(rid)["output_ids"] == []
+        engine.run_until_done([other])
+        assert engine.scheduler.constrained.num_queued == 0
+        assert engine.result(other)["meta_info"]["completion_tokens"] == 3
+        gate.set()  # the grammar arrives after the abort: nothing runs
+        for _ in range(5):
+            assert engine.step() == []
+        assert not engine.scheduler.has_work()
     _all_back(engine)

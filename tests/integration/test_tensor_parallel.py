@@ -9,8 +9,9 @@ vocabulary shards padded). Ranks are spawned processes (tests/tp_harness.py):
 * scheduler level: the real loop (`scheduler_loop.run_loop`, rank 0 broadcasting its inputs,
   the overlap scheduler's forward thread running the collectives) produces exactly the
   greedy tokens of the TP=1 loop, with staggered arrivals and chunked prefill; every
-  rank's pool invariant holds afterwards. Once as one host with two local ranks, once as
-  two "nodes" (nnodes=2, node_rank 0/1, one rank each) meeting at dist_init_addr.
+  rank's pool invariant holds afterwards. Once as one host with two local ranks on the
+  overlap loop, once as two "nodes" (nnodes=2, node_rank 0/1, one rank each) meeting at
+  dist_init_addr on the serial loop (the CPU's default).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ def models(tmp_path_factory) -> dict[str, str]:
                                              vocab_size=255, tie=True, seed=2)}
 
 
-def _args(path: str, **kw) -> ServerArgs:
+def _args(path: str, overlap: bool = True, **kw) -> ServerArgs:
     # num_threads=1: run_follower_rank sets the rank's threads from it (tp_harness: one
-    # CPU thread per rank). The overlap loop (the CPU's default is serial): its forward
-    # thread runs the collectives.
+    # CPU thread per rank). Overlap: its forward thread runs the collectives; serial (the
+    # CPU's default): the scheduler thread does.
     return ServerArgs(model=path, device="cpu", dtype="float32", max_total_tokens=2048,
                       max_running_requests=8, max_prefill_tokens=256, chunked_prefill_size=24,
-                      log_level="warning", num_threads=1, disable_overlap_schedule=False, **kw)
+                      log_level="warning", num_threads=1,
+                      disable_overlap_schedule=not overlap, **kw)
 
 
 def _check_model(path: str, ctx: ParallelContext) -> None:
@@ -84,8 +86,9 @@ def _rank_main(i: int, paths: dict[str, str], addrs: list[str], out_dir: str) ->
         _serve(args, ctx, os.path.join(out_dir, "one_node.json"))
     finally:
         torch.distributed.destroy_process_group()
-    args = _args(paths["kv_replicated"], tp_size=2, nnodes=2, node_rank=i,
+    args = _args(paths["kv_replicated"], overlap=False, tp_size=2, nnodes=2, node_rank=i,
                  dist_init_addr=addrs[1])
+    assert args.disable_overlap_schedule
     if i > 0:
         run_follower_rank(args, 0)  # the production entry of a non-zero rank
         return
@@ -99,6 +102,7 @@ def _rank_main(i: int, paths: dict[str, str], addrs: list[str], out_dir: str) ->
 def _serve(args: ServerArgs, ctx: ParallelContext, out_path: str) -> None:
     """The scheduler loop on this rank; rank 0 writes the outputs to `out_path`."""
     sched, _ = build_scheduler(args, ctx)
+    assert sched.overlap == (not args.disable_overlap_schedule)
     assert sched.runner.token_to_kv_pool.kv_heads == 1  # per rank: 2 split or 1 replicated
     if ctx.tp_rank == 0:
         write_json(out_path, drive_rank0(sched, ctx, make_requests(N_REQS, sched.runner.vocab_size)))

@@ -1,8 +1,9 @@
 """--tp-size 2 over gloo for the families beyond Llama: each sharded model (Qwen3 with q/k
 norm, Gemma 3 with a window of 8 and a replicated KV head, Qwen3-MoE and Mixtral with
 each expert's intermediate features split) gives the unsharded model's logits within
-1e-5 and the same greedy tokens through the KV pool. One pair of spawned ranks checks
-all four (a spawn costs seconds here)."""
+1e-5 and the same greedy tokens through the KV pool, each rank holding half the heads
+(KV heads split or replicated) and half of every expert's features. One pair of spawned
+ranks checks all four (a spawn costs seconds here)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,15 @@ def _check_model(path: str, ctx: ParallelContext) -> None:
     model, cfg = load_model(path, torch.float32, "cpu", ctx=ctx)
     ref, _ = load_model(path, torch.float32, "cpu")
     local_kv = kv_heads_per_rank(cfg, ctx.tp_size)
+    # Actually sharded: this rank's attention heads and each expert's features.
+    for layer in model.model.layers:
+        attn = layer.self_attn.attn
+        assert (attn.num_heads, attn.num_kv_heads) == (cfg.num_heads // ctx.tp_size, local_kv)
+        if cfg.num_experts:
+            assert len(layer.mlp.experts) == cfg.num_experts
+            for expert in layer.mlp.experts:  # local weights: [2 * inter/2, h], [h, inter/2]
+                assert expert.down_proj.in_local == cfg.moe_intermediate_size // ctx.tp_size
+                assert sum(expert.gate_up_proj.local_sizes) == 2 * cfg.moe_intermediate_size // ctx.tp_size
     h = PoolHarness(model, dataclasses.replace(cfg, num_kv_heads=local_kv), max_requests=8)
     h_ref = PoolHarness(ref, cfg, max_requests=8)
     prompts = [[5, 9, 200, 17, 3], [44, 2, 7], list(range(10, 40))]

@@ -59,3 +59,17 @@ def test_published_ranges_are_the_enforced_ones(client: TestClient) -> None:
                 body["max_tokens"] = value
             r = client.post("/v1/completions", json=body)
             assert (r.status_code == 200) == ok, (name, value, r.status_code, r.text[:200])
+
+
+def test_every_body_example_is_served(client: TestClient) -> None:
+    """The published example of each request body is a request the server serves."""
+    schema = client.get("/openapi.json").json()
+    seen = 0
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            media = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+            if "example" in media:
+                seen += 1
+                r = client.request(method.upper(), path, json=media["example"])
+                assert r.status_code == 200, (path, r.text)
+    assert seen >= 3

@@ -38,23 +38,29 @@ def test_seeded_sampling_reproduces_regardless_of_batch_neighbours():
     assert together[1] == alone[0]
 
 
-def test_top_p_and_min_p_restrict_support():
+def _seen(logits: torch.Tensor, **kw) -> set[int]:
+    return {sample([make_req(0, gen_seed=s, **kw)], logits).next_token_ids.item()
+            for s in range(40)}
+
+
+def test_top_p_top_k_and_min_p_restrict_support():
+    """Each case's logits put most of the mass outside {3, 4} (the control: sampling
+    without the cut sees other tokens), and the cut leaves exactly {3, 4}."""
+    # top_p 0.6: p(3) = 0.34, p(4) = 0.31 (0.65 together), 48 others 0.0073 each.
+    logits = torch.full((1, V), 1.15)
+    logits[0, 3], logits[0, 4] = 5.0, 4.9
+    assert not _seen(logits, temperature=1.0) <= {3, 4}
+    assert _seen(logits, temperature=1.0, top_p=0.6) == {3, 4}
+    # min_p 0.5: the others have e^-1 = 0.37 of the top probability, 90% of the mass.
+    logits = torch.full((1, V), 4.0)
+    logits[0, 3], logits[0, 4] = 5.0, 4.9
+    assert not _seen(logits, temperature=1.0) <= {3, 4}
+    assert _seen(logits, temperature=1.0, min_p=0.5) == {3, 4}
+    # top_k 2 at temperature 5: the others hold about half the mass.
     logits = torch.full((1, V), -10.0)
-    logits[0, 3] = 5.0
-    logits[0, 4] = 4.9
-    logits[0, 5] = 0.0
-    seen = set()
-    for s in range(40):
-        seen.add(sample([make_req(0, gen_seed=s, temperature=1.0, top_p=0.6)], logits).next_token_ids.item())
-    assert seen <= {3, 4} and len(seen) == 2
-    seen = set()
-    for s in range(40):
-        seen.add(sample([make_req(0, gen_seed=s, temperature=1.0, min_p=0.5)], logits).next_token_ids.item())
-    assert seen <= {3, 4}
-    seen = set()
-    for s in range(40):
-        seen.add(sample([make_req(0, gen_seed=s, temperature=5.0, top_k=2)], logits).next_token_ids.item())
-    assert seen <= {3, 4}
+    logits[0, 3], logits[0, 4] = 5.0, 4.9
+    assert not _seen(logits, temperature=5.0) <= {3, 4}
+    assert _seen(logits, temperature=5.0, top_k=2) == {3, 4}
 
 
 def test_penalties_change_greedy_choice():
