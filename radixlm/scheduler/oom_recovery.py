@@ -73,6 +73,7 @@ def recover_from_oom(sched: "Scheduler", batch: "ScheduleBatch",
     diag = diagnose_oom(runner.plan, shape, error, sched.chunked_prefill_size,
                         runner.max_running_requests)
     logger.warning("%s", diag.message())
+    sched.dashboard.note_oom(diag.message(), diag.phase, diag.pool, diag.fixes)
     unprepare(sched, batch)
     _settle_inflight(sched)
     if shape.phase == "prefill":

@@ -47,6 +47,7 @@ def fail_oom_requests(sched: "Scheduler", batch: "ScheduleBatch", failed: dict[i
         req.kv_poisoned_from = (start if req.kv_poisoned_from is None
                                 else min(start, req.kv_poisoned_from))
         logger.error("request %s failed: its forward ran out of memory alone", req.rid)
+        sched.dashboard.note_oom(message)
         waiting = next((k for k, r in enumerate(sched.waiting) if r is req), None)
         if waiting is not None:  # a chunked prefill between chunks
             del sched.waiting[waiting]

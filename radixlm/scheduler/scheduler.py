@@ -97,6 +97,7 @@ from radixlm.mem import PoolInvariantError, check_pool_invariant
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
+from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.oom_recovery import launch_allowed
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
@@ -181,6 +182,8 @@ class Scheduler:
         self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
+        # GET /dashboard's step history and snapshots; records only while a page watches.
+        self.dashboard = DashboardProbe()
 
     # --- limits the API process must know ---------------------------------------
 
@@ -293,8 +296,10 @@ class Scheduler:
             except PoolInvariantError as e:  # a bug: report it, keep serving
                 logger.error("pool invariant violated while idle: %s", e)
         # Scheduling CPU time of this step: everything but running / waiting for forwards.
-        self.worker.timer.schedule_s += (time.perf_counter() - t0
-                                         - (self.worker.blocked_s - blocked0))
+        sched_s = time.perf_counter() - t0 - (self.worker.blocked_s - blocked0)
+        self.worker.timer.schedule_s += sched_s
+        if self.dashboard.watching:
+            self.dashboard.record_step(self, batch, t0, sched_s)
         out, self.outbox = self.outbox, []
         return out
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from radixlm.config import ServerArgs
-from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
+from radixlm.messages import BatchTokenIDOut, DashboardReq, FlushCacheReq, PoolStatsReq
 from radixlm.process_threads import setup_compute_process
 from radixlm.process_utils import die_with_parent, set_process_name, setup_logging
 
@@ -79,6 +79,8 @@ def run_loop(sched: "Scheduler", ctx: "ParallelContext",
                 reply: object = sched.pool_stats(msg.rid)
             elif isinstance(msg, FlushCacheReq):
                 reply = sched.flush_cache(msg.rid)
+            elif isinstance(msg, DashboardReq):
+                reply = sched.dashboard.snapshot(sched, msg)
             else:
                 sched.handle(msg)
                 continue

@@ -49,6 +49,7 @@ class DrainingServer(uvicorn.Server):
             # A signal handler runs between two bytecodes of the loop's thread: schedule.
             self._loop.call_soon_threadsafe(self._start_drain)
             return
+        self.tm.exiting = True  # long-lived streams (/dashboard/events) end now
         if sig == signal.SIGTERM:
             self.should_exit = True  # no re-raise: exit 0
             return
@@ -72,4 +73,5 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(ANSWER_GRACE_S)
         else:
             logger.info("drain: every request finished")
+        self.tm.exiting = True
         self.should_exit = True
