@@ -82,7 +82,8 @@ class TokenizerManager:
         self.requests_timed_out_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        # TTFT and mean ITL of recently finished requests (one entry per request; /dashboard).
+        # TTFT and mean ITL of recently finished streamed requests (one entry per request;
+        # /dashboard).
         self.latency = LatencyWindow()
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
         # Control requests waiting for their reply (PoolStats, FlushCacheResult), by rid.
@@ -260,7 +261,8 @@ class TokenizerManager:
                     self.requests_finished_total += 1
                     self.prompt_tokens_total += out.prompt_tokens
                     self.generation_tokens_total += out.completion_tokens
-                    if first_token_at is not None and out.error is None:
+                    # Streamed requests only: a unary answer arrives in one piece.
+                    if stream and first_token_at is not None and out.error is None:
                         self.latency.record(first_token_at - started, loop_time() - first_token_at,
                                             out.completion_tokens)
                 if out.error is not None:
