@@ -145,41 +145,53 @@ class DashboardProbe:
 
     def _requests(self, sched: Scheduler, max_reqs: int, total: int) -> list[dict[str, Any]]:
         now = time.monotonic()
-        out = []
         chosen: list[tuple[str, Req]] = [("running", r) for r in sched.running[:max_reqs]]
         for r in list(sched.waiting)[:max(0, max_reqs - len(chosen))]:
             chosen.append(("prefilling" if r.req_pool_idx is not None else "waiting", r))
+        bins = self._request_bins([r for _, r in chosen], sched, total)
+        return [{"rid": r.rid, "state": "finished" if r.finished else state,
+                 "prompt_tokens": len(r.input_ids), "cached_tokens": r.cached_tokens,
+                 "generated_tokens": len(r.output_ids),
+                 "max_new_tokens": r.sampling_params.max_new_tokens, "kv_len": r.kv_len,
+                 "kv_slots_held": RadixCache.held_by_request(r, sched.page_size),
+                 "retractions": r.retractions, "age_s": now - r.arrival_time,
+                 "slot_bins": bins[i]} for i, (state, r) in enumerate(chosen)]
+
+    @staticmethod
+    def _request_bins(reqs: list[Req], sched: Scheduler, total: int) -> list[list[int]]:
+        """The slot-map bins each request's KV positions [0, kv_len) fall in, with a fixed
+        number of torch ops whatever the number of requests (each op may wait at a thread
+        barrier on a busy CPU)."""
         rows = sched.runner.req_to_token_pool.req_to_token
-        for state, r in chosen:
-            bins: list[int] = []
+        parts, owners = [], []
+        for i, r in enumerate(reqs):
             if r.req_pool_idx is not None and r.kv_len > 0:
-                slots = rows[r.req_pool_idx, :r.kv_len].to(torch.int64)
-                bins = torch.unique(slots * SLOT_BINS // (total + 1)).tolist()
-            out.append({"rid": r.rid, "state": "finished" if r.finished else state,
-                        "prompt_tokens": len(r.input_ids), "cached_tokens": r.cached_tokens,
-                        "generated_tokens": len(r.output_ids),
-                        "max_new_tokens": r.sampling_params.max_new_tokens,
-                        "kv_len": r.kv_len,
-                        "kv_slots_held": RadixCache.held_by_request(r, sched.page_size),
-                        "retractions": r.retractions,
-                        "age_s": now - r.arrival_time, "slot_bins": bins})
+                parts.append(rows[r.req_pool_idx, :r.kv_len])
+                owners.append((i, r.kv_len))
+        out: list[list[int]] = [[] for _ in reqs]
+        if not parts:
+            return out
+        slots = torch.cat(parts).to(device="cpu", dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.tensor([i for i, _ in owners]),
+                                        torch.tensor([n for _, n in owners]))
+        keys = torch.unique(owner * SLOT_BINS + slots * SLOT_BINS // (total + 1)).tolist()
+        for k in keys:
+            out[k // SLOT_BINS].append(k % SLOT_BINS)
         return out
 
     @staticmethod
-    def _slot_map(sched: Scheduler, total: int) -> dict[str, list[int]]:
-        """Per bin of the slot index space [0, total]: free slots and slots held by requests (the
-        rest of a bin is the cache's)."""
-        alloc = sched.runner.allocator
+    def _slot_map(sched: Scheduler, total: int) -> dict[str, Any]:
+        """Per bin of the slot index space [0, total]: free slots and slots held by requests
+        (the rest of a bin is the cache's). A fixed number of torch ops."""
         span = total + 1  # slot indices run 1..total (slot 0 is the padding slot)
-        free = torch.bincount(alloc.free_slots * SLOT_BINS // span, minlength=SLOT_BINS)
+        free = torch.bincount(sched.runner.allocator.free_slots.cpu() * SLOT_BINS // span,
+                              minlength=SLOT_BINS)
         rows = sched.runner.req_to_token_pool.req_to_token
-        held = torch.zeros(SLOT_BINS, dtype=torch.int64)
-        for r in [*sched.running, *sched.waiting]:
-            own = r.kv_len - r.cached_len
-            if r.req_pool_idx is not None and own > 0:
-                slots = rows[r.req_pool_idx, r.cached_len:r.kv_len].to(torch.int64)
-                held += torch.bincount(slots.cpu() * SLOT_BINS // span, minlength=SLOT_BINS)
-        return {"bins": SLOT_BINS, "span": span, "free": free.tolist(), "requests": held.tolist()}
+        own = [rows[r.req_pool_idx, r.cached_len:r.kv_len] for r in [*sched.running, *sched.waiting]
+               if r.req_pool_idx is not None and r.kv_len > r.cached_len]
+        held = (torch.bincount(torch.cat(own).to(device="cpu", dtype=torch.int64) * SLOT_BINS
+                               // span, minlength=SLOT_BINS).tolist() if own else [0] * SLOT_BINS)
+        return {"bins": SLOT_BINS, "span": span, "free": free.tolist(), "requests": held}
 
     @staticmethod
     def _tree(cache: RadixCache, max_nodes: int) -> dict[str, Any]:
