@@ -6,7 +6,7 @@ Invariants:
   step pays one float comparison.
 - Bounded work: a step record is a fixed-size tuple in a ring of `STEP_HISTORY`; a
   snapshot visits at most `max_nodes` radix nodes (breadth first) and `max_reqs` requests,
-  and bins the KV pool into `SLOT_BINS` bins with vectorized torch ops.
+  and bins the KV pool into `SLOT_BINS` bins in numpy (no torch thread-pool barrier).
 - Read only: a snapshot never settles batches, evicts or locks anything.
 """
 
@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from radixlm.mem.radix_cache import RadixCache
@@ -158,40 +159,44 @@ class DashboardProbe:
                  "slot_bins": bins[i]} for i, (state, r) in enumerate(chosen)]
 
     @staticmethod
-    def _request_bins(reqs: list[Req], sched: Scheduler, total: int) -> list[list[int]]:
-        """The slot-map bins each request's KV positions [0, kv_len) fall in, with a fixed
-        number of torch ops whatever the number of requests (each op may wait at a thread
-        barrier on a busy CPU)."""
-        rows = sched.runner.req_to_token_pool.req_to_token
-        parts, owners = [], []
-        for i, r in enumerate(reqs):
-            if r.req_pool_idx is not None and r.kv_len > 0:
-                parts.append(rows[r.req_pool_idx, :r.kv_len])
-                owners.append((i, r.kv_len))
-        out: list[list[int]] = [[] for _ in reqs]
-        if not parts:
-            return out
-        slots = torch.cat(parts).to(device="cpu", dtype=torch.int64)
-        owner = torch.repeat_interleave(torch.tensor([i for i, _ in owners]),
-                                        torch.tensor([n for _, n in owners]))
-        keys = torch.unique(owner * SLOT_BINS + slots * SLOT_BINS // (total + 1)).tolist()
-        for k in keys:
-            out[k // SLOT_BINS].append(k % SLOT_BINS)
-        return out
+    def _rows(sched: Scheduler, reqs: list[Req]) -> dict[int, np.ndarray]:
+        """The req_to_token rows of `reqs` as numpy arrays (views on the CPU; one gather and
+        one copy on a device). Binning runs in numpy: single-threaded, so it never waits at
+        a torch thread-pool barrier on a busy CPU."""
+        table = sched.runner.req_to_token_pool.req_to_token
+        idx = sorted({r.req_pool_idx for r in reqs if r.req_pool_idx is not None})
+        if not idx:
+            return {}
+        if table.device.type == "cpu":
+            host = table.numpy()
+            return {i: host[i] for i in idx}
+        picked = table[torch.tensor(idx, device=table.device)].cpu().numpy()
+        return {i: picked[k] for k, i in enumerate(idx)}
 
-    @staticmethod
-    def _slot_map(sched: Scheduler, total: int) -> dict[str, Any]:
+    def _request_bins(self, reqs: list[Req], sched: Scheduler, total: int) -> list[list[int]]:
+        """The slot-map bins each request's KV positions [0, kv_len) fall in."""
+        rows = self._rows(sched, reqs)
+        return [np.unique(rows[r.req_pool_idx][:r.kv_len].astype(np.int64) * SLOT_BINS
+                          // (total + 1)).tolist()
+                if r.req_pool_idx is not None and r.kv_len > 0 else [] for r in reqs]
+
+    def _slot_map(self, sched: Scheduler, total: int) -> dict[str, Any]:
         """Per bin of the slot index space [0, total]: free slots and slots held by requests
-        (the rest of a bin is the cache's). A fixed number of torch ops."""
+        (the rest of a bin is the cache's)."""
         span = total + 1  # slot indices run 1..total (slot 0 is the padding slot)
-        free = torch.bincount(sched.runner.allocator.free_slots.cpu() * SLOT_BINS // span,
-                              minlength=SLOT_BINS)
-        rows = sched.runner.req_to_token_pool.req_to_token
-        own = [rows[r.req_pool_idx, r.cached_len:r.kv_len] for r in [*sched.running, *sched.waiting]
-               if r.req_pool_idx is not None and r.kv_len > r.cached_len]
-        held = (torch.bincount(torch.cat(own).to(device="cpu", dtype=torch.int64) * SLOT_BINS
-                               // span, minlength=SLOT_BINS).tolist() if own else [0] * SLOT_BINS)
-        return {"bins": SLOT_BINS, "span": span, "free": free.tolist(), "requests": held}
+        alloc = sched.runner.allocator
+        pages = alloc.free_pages.cpu().numpy().astype(np.int64)
+        ps = alloc.page_size
+        free_slots = pages + 1 if ps == 1 else np.add.outer(pages * ps + 1, np.arange(ps)).ravel()
+        free = np.bincount(free_slots * SLOT_BINS // span, minlength=SLOT_BINS)
+        reqs = [r for r in [*sched.running, *sched.waiting]
+                if r.req_pool_idx is not None and r.kv_len > r.cached_len]
+        rows = self._rows(sched, reqs)
+        held = np.zeros(SLOT_BINS, dtype=np.int64)
+        if reqs:
+            own = np.concatenate([rows[r.req_pool_idx][r.cached_len:r.kv_len] for r in reqs])
+            held = np.bincount(own.astype(np.int64) * SLOT_BINS // span, minlength=SLOT_BINS)
+        return {"bins": SLOT_BINS, "span": span, "free": free.tolist(), "requests": held.tolist()}
 
     @staticmethod
     def _tree(cache: RadixCache, max_nodes: int) -> dict[str, Any]:
