@@ -54,6 +54,23 @@ class FlushCacheResult:
 
 
 @dataclass(slots=True)
+class DashboardReq:
+    """Ask the scheduler for a DashboardSnapshot (scheduler/dashboard_probe.py), at most
+    `max_nodes` radix nodes, `max_reqs` requests and the steps recorded after `since_seq`."""
+
+    rid: str
+    max_nodes: int = 200
+    max_reqs: int = 64
+    since_seq: int = 0
+
+
+@dataclass(slots=True)
+class DashboardSnapshot:
+    rid: str
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
 class PoolStats:
     rid: str
     total_kv_slots: int

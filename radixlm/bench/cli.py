@@ -102,6 +102,16 @@ def _overlap(ns: argparse.Namespace) -> None:
     print(overlap_table(run_overlap_bench(cfg)))
 
 
+def _dashboard(ns: argparse.Namespace) -> None:
+    from radixlm.bench.dashboard import DashboardBenchConfig, dashboard_table, run_dashboard_bench
+
+    cfg = DashboardBenchConfig(model=ns.model, pages=ns.pages, max_concurrency=ns.max_concurrency,
+                               num_prompts=ns.num_prompts, input_len=ns.input_len,
+                               output_len=ns.output_len, repeat=ns.repeat, seed=ns.seed,
+                               engine_args=dict(ns.engine_arg), output_file=ns.output_file)
+    print(dashboard_table(run_dashboard_bench(cfg)))
+
+
 def _structured(ns: argparse.Namespace) -> None:
     from radixlm.bench.structured import (StructuredBenchConfig, run_structured_bench,
                                           structured_table)
@@ -390,6 +400,19 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     st.add_argument("--repeat", type=int, default=2)
     st.add_argument("--loop", choices=["serial", "overlap", "both"], default="both")
     st.set_defaults(func=_structured)
+
+    db = sub.add_parser("dashboard", help="Serving throughput with N /dashboard pages open vs "
+                        "none, alternately in one run (what watching costs).")
+    _common(db, threads=False)
+    _add_engine_arg(db)
+    db.add_argument("--pages", type=int, default=3, help="Event streams open in the 'on' runs.")
+    db.add_argument("--max-concurrency", type=int, default=32)
+    db.add_argument("--num-prompts", type=int, default=96)
+    db.add_argument("--input-len", type=int, default=128)
+    db.add_argument("--output-len", type=int, default=64)
+    db.add_argument("--repeat", type=int, default=3)
+    db.add_argument("--seed", type=int, default=0)
+    db.set_defaults(func=_dashboard)
 
     ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "
                         "throughput ratio and the device bubble.")

@@ -43,6 +43,7 @@ class RadixCache:
         self.device = allocator.device
         self._next_id = 0
         self._clock = 0
+        self.evicted_tokens_total = 0  # freed by `evict` (the dashboard shows it)
         self._init_tree()
 
     # ------------------------------------------------------------------ small helpers
@@ -292,6 +293,7 @@ class RadixCache:
             if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         self._evictable -= freed
+        self.evicted_tokens_total += freed
         if victims:
             self.allocator.free(torch.cat(victims))
         return freed

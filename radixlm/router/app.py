@@ -31,6 +31,7 @@ from radixlm.router.proxy import forward_stream, forward_unary, forwarded_header
 from radixlm.router.request_text import routing_text
 from radixlm.router.router import Router
 from radixlm.router.workers import normalize_url
+from radixlm.router.dashboard import install_router_dashboard
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.errors import APIError, error_response
 from radixlm.server.http_util import ClientDisconnected
@@ -163,6 +164,9 @@ def create_router_app(router: Router) -> FastAPI:
         prompt = pool["prompt_tokens_total"]
         pool["cache_hit_rate"] = pool["cached_tokens_total"] / prompt if prompt else 0.0
         return JSONResponse({"policy": router.policy.name, "pool": pool, "workers": workers})
+
+    # GET /dashboard (open) and /dashboard/events (behind the key): router/dashboard.py.
+    app.state.dashboard = install_router_dashboard(app, router, keyed[0].dependency)
 
     @app.post("/flush_cache", dependencies=keyed)
     async def flush_cache(request: Request) -> JSONResponse:

@@ -6,6 +6,7 @@ import logging
 
 from radixlm.router.app import create_router_app
 from radixlm.router.config import RouterArgs
+from radixlm.router.dashboard import RouterServer
 from radixlm.router.router import Router
 
 logger = logging.getLogger(__name__)
@@ -20,5 +21,6 @@ def run_router(args: RouterArgs, worker_urls: list[str]) -> None:
     logger.info("router on http://%s:%d, policy %s, workers: %s", args.host, args.port,
                 args.policy, ", ".join(w.url for w in router.registry.all()) or "none")
     # A long keep-alive: clients (the openai SDK) reuse connections between requests.
-    uvicorn.run(create_router_app(router), host=args.host, port=args.port,
-                log_level=args.log_level, timeout_keep_alive=30)
+    config = uvicorn.Config(create_router_app(router), host=args.host, port=args.port,
+                            log_level=args.log_level, timeout_keep_alive=30)
+    RouterServer(config, router).run()  # uvicorn's, ending /dashboard/events on exit

@@ -14,6 +14,7 @@ import httpx
 
 from radixlm.router.cache_aware import CacheAwarePolicy
 from radixlm.router.config import RouterArgs
+from radixlm.router.routing_log import RoutingLog
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import (Decision, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
                                    RoutingPolicy)
@@ -41,6 +42,9 @@ class Router:
     policy: RoutingPolicy
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     client: httpx.AsyncClient | None = None  # set by the app's lifespan
+    # The last routing decisions, for GET /dashboard (router/dashboard.py).
+    routing_log: RoutingLog = field(default_factory=RoutingLog)
+    exiting: bool = False  # set when the router shuts down: dashboard streams end
 
     @classmethod
     def create(cls, args: RouterArgs, worker_urls: list[str]) -> "Router":
@@ -62,6 +66,7 @@ class Router:
         if text is None:
             return Decision(candidates[0], "first_healthy")
         decision = self.policy.select(text, candidates)
+        self.routing_log.record(decision, len(text), candidates)
         self.metrics.routed.labels(self.policy.name, decision.reason, decision.worker.url).inc()
         if decision.match_ratio is not None:
             self.metrics.match_ratio.observe(decision.match_ratio)

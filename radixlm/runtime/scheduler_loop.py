@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from radixlm.messages import BatchTokenIDOut, FlushCacheReq, PoolStatsReq
+from radixlm.messages import BatchTokenIDOut, DashboardReq, FlushCacheReq, PoolStatsReq
 
 if TYPE_CHECKING:  # torch stays out of the API process, which imports this module
     from radixlm.models.parallel_context import ParallelContext
@@ -56,6 +56,8 @@ def run_loop(sched: "Scheduler", ctx: "ParallelContext",
                 reply: object = sched.pool_stats(msg.rid)
             elif isinstance(msg, FlushCacheReq):
                 reply = sched.flush_cache(msg.rid)
+            elif isinstance(msg, DashboardReq):
+                reply = sched.dashboard.snapshot(sched, msg)
             else:
                 sched.handle(msg)
                 continue

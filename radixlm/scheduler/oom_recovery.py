@@ -31,11 +31,12 @@ def batch_shape(batch: "ScheduleBatch") -> BatchShape:
 class OOMRecovery:
     """`runner`: the memory plan, the device and its activation guard (read at each check);
     `settle`: process the launched batch still in flight (overlap); `answer`: send a
-    finished request's last output."""
+    finished request's last output; `note`: show a diagnosis (the dashboard)."""
 
     def __init__(self, kv: RequestKV, queues: Queues, limits: RunLimits, runner: "ModelRunner",
                  chunked_prefill_size: int, settle: Callable[[], None],
-                 answer: Callable[[Req], None]) -> None:
+                 answer: Callable[[Req], None],
+                 note: Callable[[OOMDiagnosis], None] = lambda diag: None) -> None:
         self.kv = kv
         self.queues = queues
         self.limits = limits
@@ -43,6 +44,7 @@ class OOMRecovery:
         self.chunked_prefill_size = chunked_prefill_size
         self.settle = settle
         self.answer = answer
+        self.note = note
 
     def launch_allowed(self, batch: "ScheduleBatch") -> bool:
         """True: launch `batch`. False: it exceeds the activation budget (the CPU's OOM); it
@@ -64,6 +66,7 @@ class OOMRecovery:
         diag = diagnose_oom(self.runner.plan, shape, error, self.chunked_prefill_size,
                             self.limits.max_running_requests)
         logger.warning("%s", diag.message())
+        self.note(diag)
         self.kv.unprepare(batch)
         # Overlap: process the batch still on the forward thread, so no launched forward
         # reads a row or slot that the recovery hands back. (Serial loop: nothing in flight.)

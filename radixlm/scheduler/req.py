@@ -17,6 +17,7 @@ next decode is the relay entry of its row, not output_ids[-1] (see ScheduleBatch
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ class Req:
     last_node: Any = None
     cached_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    arrival_time: float = field(default_factory=time.monotonic)  # the dashboard's age
     # Tokens the current EXTEND computes: fill_ids[kv_len : kv_len + extend_input_len].
     # Less than extend_len while a chunked prefill is in progress.
     extend_input_len: int = 0

@@ -34,6 +34,7 @@ from radixlm.mem import PoolInvariantError
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
+from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
@@ -118,8 +119,12 @@ class Scheduler:
         self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
+        # GET /dashboard's step history and snapshots; records only while a page watches.
+        self.dashboard = DashboardProbe()
         self.oom = OOMRecovery(self.kv, self.queues, self.limits, runner, chunked_prefill_size,
-                               settle=self.finish_inflight, answer=self._answer)
+                               settle=self.finish_inflight, answer=self._answer,
+                               note=lambda d: self.dashboard.note_oom(d.message(), d.phase,
+                                                                      d.pool, d.fixes))
 
     # --- queues and limits (scheduler/queues.py) ----------------------------------
 
@@ -271,8 +276,10 @@ class Scheduler:
             except PoolInvariantError as e:  # a bug: report it, keep serving
                 logger.error("pool invariant violated while idle: %s", e)
         # Scheduling CPU time of this step: everything but running / waiting for forwards.
-        self.worker.timer.schedule_s += (time.perf_counter() - t0
-                                         - (self.worker.blocked_s - blocked0))
+        sched_s = time.perf_counter() - t0 - (self.worker.blocked_s - blocked0)
+        self.worker.timer.schedule_s += sched_s
+        if self.dashboard.watching:
+            self.dashboard.record_step(self, batch, t0, sched_s)
         out, self.outbox = self.outbox, []
         return out
 
@@ -493,7 +500,8 @@ class Scheduler:
         streaming)."""
         sampled = self.worker.wait(done.handle)
         if sampled is not None and sampled.failed:
-            fail_oom_requests(done.batch, sampled.failed, self.kv, self.queues, self._answer)
+            fail_oom_requests(done.batch, sampled.failed, self.kv, self.queues, self._answer,
+                              self.dashboard.note_oom)
         for r in done.batch.reqs:
             r.inflight -= 1
         for r in done.sampling_reqs:

@@ -33,6 +33,7 @@ from radixlm.server.admission import QueueFull, choice_count
 from radixlm.server.api_key import api_key_dependency
 from radixlm.server.chat import create_chat_completion
 from radixlm.server.completions import create_completion
+from radixlm.server.dashboard import install_dashboard
 from radixlm.server.errors import (APIError, GenerateError, error_response, param_of_value_error,
                                    validation_message)
 from radixlm.server.extensions import (DetokenizeRequest, TokenizeRequest, extension_routes,
@@ -216,6 +217,9 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         return delete_response(responses_store, response_id)
 
     app.include_router(api)
+    # GET /dashboard (open) and /dashboard/events (behind the key): server/dashboard/.
+    app.state.dashboard = install_dashboard(app, tm, args, model_name,
+                                            api_key_dependency(args.api_key))
     install_request_bodies(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/generate": GenerateRequest,

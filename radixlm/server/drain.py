@@ -58,6 +58,7 @@ class DrainingServer(uvicorn.Server):
             # A signal handler runs between two bytecodes of the loop's thread: schedule.
             self._loop.call_soon_threadsafe(self._start_drain)
             return
+        self.tm.exiting = True  # long-lived streams (/dashboard/events) end now
         # Not re-raised (uvicorn would re-raise it after serving): exit 0.
         if not first:  # a second signal: stop at once, without waiting for connections
             logger.warning("%s again: stopping now", signal.Signals(sig).name)
@@ -86,4 +87,5 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(ANSWER_GRACE_S)
         else:
             logger.info("drain: every request finished")
+        self.tm.exiting = True
         self.should_exit = True

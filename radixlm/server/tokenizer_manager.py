@@ -28,13 +28,19 @@ import zmq.asyncio
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import (AbortReq, BatchStrOut, FlushCacheReq, FlushCacheResult, PoolStats,
-                              PoolStatsReq, ReqStrOut, TokenizedGenerateReq)
+from radixlm.messages import (AbortReq, BatchStrOut, DashboardReq, DashboardSnapshot,
+                              FlushCacheReq, FlushCacheResult, PoolStats, PoolStatsReq, ReqStrOut,
+                              TokenizedGenerateReq)
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.admission import AdmissionControl
+from radixlm.server.dashboard.latency import LatencyWindow
 from radixlm.server.errors import GenerateError
 
 logger = logging.getLogger(__name__)
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _log_send_error(fut: "asyncio.Future[Any]") -> None:
@@ -54,6 +60,8 @@ class TokenizerManager:
         self.vocab_size = vocab_size
         # The launcher flips this to False when a child process dies; /health then 503s.
         self.healthy = True
+        # Set by the server when it exits: long-lived streams (/dashboard/events) end.
+        self.exiting = False
         # Set by the launcher from SchedulerReady: the scheduler's MemoryPlan, its
         # --max-running-requests (derived by the plan when not given) and the batch sizes
         # it captured as CUDA graphs; shown by
@@ -74,6 +82,9 @@ class TokenizerManager:
         self.requests_timed_out_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # TTFT and mean ITL of recently finished streamed requests (one entry per request;
+        # /dashboard).
+        self.latency = LatencyWindow()
         self._streams: dict[str, asyncio.Queue[ReqStrOut]] = {}
         # Control requests waiting for their reply (PoolStats, FlushCacheResult), by rid.
         self._control_waiters: dict[str, asyncio.Future[Any]] = {}
@@ -126,7 +137,7 @@ class TokenizerManager:
                 msg = loads(await self._recv_sock.recv())
                 outs = msg.outs if isinstance(msg, BatchStrOut) else [msg]
                 for out in outs:
-                    if isinstance(out, (PoolStats, FlushCacheResult)):
+                    if isinstance(out, (PoolStats, FlushCacheResult, DashboardSnapshot)):
                         fut = self._control_waiters.pop(out.rid, None)
                         if fut is not None and not fut.done():
                             fut.set_result(out)
@@ -241,15 +252,22 @@ class TokenizerManager:
             timeout = self.args.request_timeout
         timer = (asyncio.get_running_loop().call_later(timeout, self._expire, rid, timeout)
                  if timeout is not None else None)
+        started, first_token_at = loop_time(), None
         try:
             self._send(TokenizedGenerateReq(rid, list(input_ids), params, stream))
             while not finished:
                 out = await queue.get()
                 finished = out.finish_reason is not None
+                if first_token_at is None and out.token_ids_delta:
+                    first_token_at = loop_time()
                 if finished:
                     self.requests_finished_total += 1
                     self.prompt_tokens_total += out.prompt_tokens
                     self.generation_tokens_total += out.completion_tokens
+                    # Streamed requests only: a unary answer arrives in one piece.
+                    if stream and first_token_at is not None and out.error is None:
+                        self.latency.record(first_token_at - started, loop_time() - first_token_at,
+                                            out.completion_tokens)
                 if out.error is not None:
                     finished = True  # the engine dropped the request itself (or _fail did)
                     raise GenerateError(out.error, out.error_status)
@@ -299,6 +317,10 @@ class TokenizerManager:
     async def pool_stats(self, timeout: float = 30.0) -> PoolStats:
         """The scheduler's KV pool state (and whether the pool invariant holds)."""
         return await self._control(PoolStatsReq, timeout)
+
+    async def dashboard_snapshot(self, timeout: float = 5.0, **limits: int) -> DashboardSnapshot:
+        """The scheduler's DashboardSnapshot (pools, radix tree, requests, recent steps)."""
+        return await self._control(lambda rid: DashboardReq(rid, **limits), timeout)
 
     async def flush_cache(self, timeout: float = 30.0) -> FlushCacheResult:
         """Empty the radix cache; refused (success False) while requests are in flight."""
