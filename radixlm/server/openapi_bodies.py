@@ -44,6 +44,9 @@ BODY_EXAMPLES: dict[str, dict[str, Any]] = {
                               "max_tokens": 4, "temperature": 0},
     "GenerateRequest": {"text": "Say hello",
                         "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+    "ResponsesRequest": {"input": "Say hello", "max_output_tokens": 4, "temperature": 0},
+    "TokenizeRequest": {"prompt": "Say hello"},
+    "DetokenizeRequest": {"tokens": [1, 2, 3]},
 }
 
 
