@@ -19,6 +19,7 @@ import torch
 from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.sampler import SampleOutput
 from radixlm.messages import ReqTokenOut
+from radixlm.scheduler.prompt_logprobs import take_prompt_logprobs
 from radixlm.scheduler.req import Req
 
 
@@ -94,6 +95,7 @@ class OutputProcessor:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             logprobs=logprobs,
+            prompt_logprobs=take_prompt_logprobs(req),
             skip_special_tokens=p.skip_special_tokens,
             include_stop_str=p.include_stop_str_in_output,
             stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,

@@ -36,6 +36,8 @@ from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut
                               TokenizedGenerateReq)
 from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
+from radixlm.scheduler.prompt_logprobs import (deliver_prompt_logprobs, needs_prompt_logprobs,
+                                               plan_prompt_logprobs)
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.queues import Queues, RunLimits
@@ -359,8 +361,10 @@ class Scheduler:
             return ADMITTED
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
-        match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
-        if sharing.should_defer(req, match.prefix_len):
+        # Prompt logprobs need every prompt position's logits: no cached prefix.
+        skip = needs_prompt_logprobs(req)
+        match = cache.match_prefix([] if skip else req.fill_ids[:req.seq_len - 1])
+        if not skip and sharing.should_defer(req, match.prefix_len):
             return DEFERRED
         locked = not cache.disable
         if locked:
@@ -477,7 +481,9 @@ class Scheduler:
             forward_batch=batch.forward_batch, sampling_reqs=sampling,
             keep=None if len(keep) == len(batch.reqs) else torch.tensor(keep, dtype=torch.int64),
             rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64),
-            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep], grammar=grammar)
+            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep], grammar=grammar,
+            prompt_logprobs=(plan_prompt_logprobs(batch.extend_reqs, batch.forward_batch)
+                             if batch.forward_mode.is_extend() else None))
         return LaunchedBatch(batch, sampling, self.worker.launch(task), grammar)
 
     def _process(self, done: LaunchedBatch) -> None:
@@ -490,6 +496,8 @@ class Scheduler:
             r.inflight -= 1
         for r in done.sampling_reqs:
             r.pending_samples -= 1
+        if sampled is not None and sampled.prompt_logprobs is not None:
+            deliver_prompt_logprobs(done.batch.reqs, sampled.prompt_logprobs)
         if sampled is not None:
             self.outbox.extend(self.output_processor.process(done.sampling_reqs, sampled))
 
