@@ -96,10 +96,11 @@ class TokenLogprob:
 class PromptLogprobs:
     """The prompt tokens' logprobs (vLLM's prompt_logprobs), as flat lists: entry i is
     prompt token i + 1 given tokens 0..i (the first prompt token has none). `top_ids[i]` /
-    `top_values[i]` are its top alternatives (empty lists when none were asked for)."""
+    `top_values[i]` are its top alternatives (both empty when none were asked for)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # 1: the most likely token
     top_ids: list[list[int]] = field(default_factory=list)
     top_values: list[list[float]] = field(default_factory=list)
 

@@ -37,17 +37,19 @@ class PromptLogprobPlan:
         """[P, V] logits of the planned positions -> their target logprobs and top-k."""
         raw = torch.log_softmax(extra_logits.float(), dim=-1)
         chosen = raw.gather(1, self.targets.unsqueeze(1)).squeeze(1)
+        ranks = (raw > chosen.unsqueeze(1)).sum(dim=-1) + 1  # vLLM's rank: 1 = the most likely
         top_vals = top_ids = None
         if self.top_k:
             top_vals, top_ids = raw.topk(self.top_k, dim=-1)
-        return PromptLogprobTensors(self.targets, chosen, top_vals, top_ids, self.req_index,
-                                    self.counts, self.top_counts)
+        return PromptLogprobTensors(self.targets, chosen, ranks, top_vals, top_ids,
+                                    self.req_index, self.counts, self.top_counts)
 
 
 @dataclass
 class PromptLogprobTensors:
     targets: torch.Tensor  # [P] int64
     chosen: torch.Tensor  # [P] float32
+    ranks: torch.Tensor  # [P] int64
     top_values: torch.Tensor | None  # [P, k_max]
     top_ids: torch.Tensor | None  # [P, k_max]
     req_index: list[int]
@@ -56,6 +58,7 @@ class PromptLogprobTensors:
 
     def map_tensors(self, fn) -> "PromptLogprobTensors":
         opt = lambda t: None if t is None else fn(t)  # noqa: E731
-        return PromptLogprobTensors(fn(self.targets), fn(self.chosen), opt(self.top_values),
+        return PromptLogprobTensors(fn(self.targets), fn(self.chosen), fn(self.ranks),
+                                    opt(self.top_values),
                                     opt(self.top_ids), self.req_index, self.counts,
                                     self.top_counts)

@@ -47,6 +47,9 @@ class OutputProcessor:
             if req.finished:  # aborted while its step ran, or (overlap) finished by the
                 # previous step's token: this one is discarded and never reaches a client
                 continue
+            if req.sampling_params.max_new_tokens == 0:  # ran only for its prompt_logprobs
+                req.finish("length")
+                continue
             req.output_ids.append(tok)
             if lp is not None:
                 req.pending_logprobs.append(lp)

@@ -62,6 +62,7 @@ def deliver_prompt_logprobs(reqs: list[Req], t: PromptLogprobTensors) -> None:
         out = req.prompt_logprobs
         out.token_ids.extend(t.targets[off:off + n].tolist())
         out.logprobs.extend(t.chosen[off:off + n].tolist())
+        out.ranks.extend(t.ranks[off:off + n].tolist())
         if k:
             out.top_ids.extend(t.top_ids[off:off + n, :k].tolist())
             out.top_values.extend(t.top_values[off:off + n, :k].tolist())

@@ -181,8 +181,8 @@ class Scheduler:
             req.finish("abort", error=(
                 f"the request needs {len(req.input_ids)} prompt + {p.max_new_tokens} output "
                 f"tokens but this instance holds at most {self.context_len} per request"))
-        elif p.max_new_tokens == 0:
-            req.finish("length")
+        elif p.max_new_tokens == 0 and p.prompt_logprobs is None:
+            req.finish("length")  # (with prompt_logprobs: the prefill runs, see process)
         if req.finished:
             self.outbox.append(self.output_processor.make_output(req))
             return
