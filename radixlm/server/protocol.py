@@ -67,7 +67,12 @@ class _SamplingFields(ConstraintFields, _Strict):
     return_token_ids: bool | None = None
     include_stop_str_in_output: bool | None = None
     # vLLM: the logprobs of the prompt's tokens, with that many top alternatives.
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS,
+        description="vLLM: the logprob of every prompt token (null for the first) with this "
+                    "many top alternatives, as `prompt_logprobs` on each completion choice "
+                    "(on the response for chat; not with stream on chat). Such a request "
+                    "does not use the prefix cache.")
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":

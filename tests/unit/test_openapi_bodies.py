@@ -59,3 +59,12 @@ def test_published_ranges_are_the_enforced_ones(client: TestClient) -> None:
                 body["max_tokens"] = value
             r = client.post("/v1/completions", json=body)
             assert (r.status_code == 200) == ok, (name, value, r.status_code, r.text[:200])
+
+
+def test_prompt_logprobs_is_published(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for model in ("CompletionRequest", "ChatCompletionRequest"):
+        field = schemas[model]["properties"]["prompt_logprobs"]
+        branch = next(b for b in field["anyOf"] if b.get("type") == "integer")
+        assert (branch["minimum"], branch["maximum"]) == (0, 20)
+        assert "prompt token" in field["description"]
