@@ -62,3 +62,17 @@ def test_prompt_logprobs_match_transformers(tiny_llama_dir, prompt, ref, chunk, 
     assert one.token_ids == [] and one.logprobs == []
     all_back(eng, 2048)
     eng.shutdown()
+
+
+def test_prompt_logprobs_in_mixed_batches(tiny_llama_dir, prompt, ref):
+    # A decoding request rides along the chunks (MIXED batches) of the asking one.
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=9,
+                 enable_mixed_chunk=True)
+    runner = eng.submit([5, 6, 7], SamplingParams(max_new_tokens=30, temperature=0.0,
+                                                  ignore_eos=True))
+    eng.step()
+    asked = eng.submit(prompt, SamplingParams(max_new_tokens=2, temperature=0.0,
+                                              ignore_eos=True, prompt_logprobs=2))
+    eng.run_until_done([runner, asked])
+    _check(eng.pop_result(asked), prompt, ref, k=2)
+    all_back(eng, 2048)
