@@ -29,7 +29,7 @@ import torch
 from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
 from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.forward_split import halves
-from radixlm.executor.prompt_logprobs import PromptLogprobPlan
+from radixlm.executor.prompt_logprobs import PromptLogprobPlan, PromptLogprobTensors
 from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo, SamplingRow
 from radixlm.executor.step_timer import StepTimer
 from radixlm.planning.oom import BatchShape, diagnose_oom, is_out_of_memory
@@ -166,7 +166,9 @@ class ForwardWorker:
                                 None if lp is None else lp.map_tensors(self.streams.to_host),
                                 failed or None, prompt_lp)
 
-    def _forward_with_prompt_logprobs(self, fb: ForwardBatch, plan: PromptLogprobPlan | None):
+    def _forward_with_prompt_logprobs(
+            self, fb: ForwardBatch, plan: PromptLogprobPlan | None,
+    ) -> tuple[torch.Tensor | None, dict[int, str], PromptLogprobTensors | None]:
         """`_forward`, plus the prompt logprobs of `plan` (host-bound tensors) computed from
         extra logits rows; the logits returned are the batch's own B rows. An out-of-memory
         split drops the extra rows: the planned requests then fail like an OOM'd request."""
