@@ -57,6 +57,8 @@ class Engine:
             res["output_ids"] += o.token_ids_delta
             if o.logprobs:
                 res.setdefault("logprobs", []).extend(o.logprobs)
+            if o.prompt_logprobs is not None:
+                res["prompt_logprobs"] = o.prompt_logprobs
             if o.finish_reason is not None:
                 res["finished"] = True
                 res["meta_info"] = {"prompt_tokens": o.prompt_tokens,

@@ -110,6 +110,19 @@ class TokenLogprob:
 
 
 @dataclass(slots=True)
+class PromptLogprobs:
+    """The prompt tokens' logprobs (vLLM's prompt_logprobs), as flat lists: entry i is
+    prompt token i + 1 given tokens 0..i (the first prompt token has none). `top_ids[i]` /
+    `top_values[i]` are its top alternatives (both empty when none were asked for)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # 1: the most likely token
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_values: list[list[float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ReqTokenOut:
     """New tokens of one request since its previous ReqTokenOut."""
 
@@ -124,6 +137,8 @@ class ReqTokenOut:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # Sent once, complete, on the request's first message (None otherwise).
+    prompt_logprobs: PromptLogprobs | None = None
     skip_special_tokens: bool = True
     # Keep the matched stop string at the end of the text (vLLM's include_stop_str_in_output).
     include_stop_str: bool = False
@@ -156,6 +171,7 @@ class ReqStrOut:
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
     error_status: int | None = None  # as ReqTokenOut.error_status
+    prompt_logprobs: PromptLogprobs | None = None  # as ReqTokenOut.prompt_logprobs
 
 
 @dataclass(slots=True)

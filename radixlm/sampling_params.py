@@ -45,6 +45,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # Added to the raw logits of these token ids before sampling (OpenAI's logit_bias).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's prompt_logprobs: the logprob of every prompt token (and that many top
+    # alternatives) from the prefill; None: not computed. See scheduler/prompt_logprobs.py.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -83,6 +86,8 @@ class SamplingParams:
         need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
              f"seed must be in [0, 2**63), got {self.seed}")
         need(0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        need(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+             f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")
         need(len(self.logit_bias) <= MAX_LOGIT_BIAS_TOKENS,

@@ -29,6 +29,7 @@ import torch
 from radixlm.executor.cuda_streams import CudaTaskSync, make_streams
 from radixlm.forward_batch import ForwardBatch
 from radixlm.executor.forward_split import halves
+from radixlm.executor.prompt_logprobs import PromptLogprobPlan, PromptLogprobTensors
 from radixlm.executor.sampler import SampleOutput, SamplingBatchInfo, SamplingRow
 from radixlm.executor.step_timer import StepTimer
 from radixlm.planning.oom import BatchShape, diagnose_oom, is_out_of_memory
@@ -59,6 +60,8 @@ class ForwardTask:
     # Constrained rows' token bitmask (radixlm/constrained/step_mask.py); None when no
     # row is constrained.
     grammar: Any = None
+    # EXTEND: the prompt positions whose logprobs requests asked for (prompt_logprobs.py).
+    prompt_logprobs: PromptLogprobPlan | None = None
 
 
 @dataclass
@@ -92,10 +95,11 @@ class ForwardWorker:
             # Host tensors, staged with the batch: no device sync on the forward thread.
             # The penalty counts are the forward thread's (the previous task updates them).
             info = self._sampling_info(task, torch.device("cpu"), penalty_state=False)
-        (fb, info, keep, rows), sync = self.streams.stage(
-            [task.forward_batch, info, task.keep, task.rows], gap_counts=self.timer.launched())
+        (fb, info, keep, rows, plan), sync = self.streams.stage(
+            [task.forward_batch, info, task.keep, task.rows, task.prompt_logprobs],
+            gap_counts=self.timer.launched())
         task = dataclasses.replace(task, forward_batch=fb, sampling_info=info, keep=keep,
-                                   rows=rows)
+                                   rows=rows, prompt_logprobs=plan)
         if self._pool is not None:
             return InFlight(self._pool.submit(self._run, task, sync), sync)
         fut: Future = Future()
@@ -135,14 +139,16 @@ class ForwardWorker:
             if fb.future_token_idx is not None:
                 # Inputs whose tokens were still being sampled when this batch was built.
                 fb.input_ids[fb.future_token_idx] = self.relay[fb.future_token_rows]
-            logits, failed = self._forward(fb)
+            logits, failed, prompt_lp = self._forward_with_prompt_logprobs(fb, task.prompt_logprobs)
             if logits is None:  # every request failed: rows to sample from, thrown away
                 logits = torch.zeros((fb.batch_size, self.runner.vocab_size),
                                      device=fb.input_ids.device)
             reqs = task.sampling_reqs
             if not reqs:
-                return None if not failed else SampleOutput(torch.empty(0, dtype=torch.int64),
-                                                            failed=failed)
+                if not failed and prompt_lp is None:
+                    return None
+                return SampleOutput(torch.empty(0, dtype=torch.int64), failed=failed or None,
+                                    prompt_logprobs=prompt_lp)
             if task.keep is not None:
                 logits = logits[task.keep]
             if task.grammar is not None:  # constrained rows: mask just before sampling
@@ -158,7 +164,25 @@ class ForwardWorker:
             lp = out.logprob_tensors
             return SampleOutput(self.streams.to_host(out.next_token_ids),
                                 None if lp is None else lp.map_tensors(self.streams.to_host),
-                                failed or None)
+                                failed or None, prompt_lp)
+
+    def _forward_with_prompt_logprobs(
+            self, fb: ForwardBatch, plan: PromptLogprobPlan | None,
+    ) -> tuple[torch.Tensor | None, dict[int, str], PromptLogprobTensors | None]:
+        """`_forward`, plus the prompt logprobs of `plan` (host-bound tensors) computed from
+        extra logits rows; the logits returned are the batch's own B rows. An out-of-memory
+        split drops the extra rows: the planned requests then fail like an OOM'd request."""
+        if plan is None:
+            return (*self._forward(fb), None)
+        logits, failed = self._forward(plan.with_extra_rows(fb))
+        if logits is None:
+            return None, failed, None
+        if logits.shape[0] != fb.batch_size + plan.token_idx.shape[0]:
+            lost = {i: "out of memory: the batch was split, and its prompt logprobs lost"
+                    for i in plan.req_index}
+            return logits[:fb.batch_size], {**lost, **failed}, None
+        prompt_lp = plan.reduce(logits[fb.batch_size:]).map_tensors(self.streams.to_host)
+        return logits[:fb.batch_size], failed, prompt_lp
 
     def _forward(self, fb: ForwardBatch) -> tuple[torch.Tensor | None, dict[int, str]]:
         """The batch's logits, and the requests that failed. Out of memory (a CUDA OOM, a

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from radixlm.messages import TokenLogprob
 from radixlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.executor.prompt_logprobs import PromptLogprobTensors
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,8 @@ class SampleOutput:
     # forward ran out of memory even alone; their rows of next_token_ids are meaningless
     # (forward_worker.py `_forward`; the scheduler fails them: request_oom.py).
     failed: dict[int, str] | None = None
+    # EXTEND: the prompt logprobs the batch's plan asked for (executor/prompt_logprobs.py).
+    prompt_logprobs: "PromptLogprobTensors | None" = None
 
     def token_logprobs(self) -> list[TokenLogprob | None]:
         """Per row: its TokenLogprob, or None where it did not ask (host reads)."""

@@ -19,6 +19,7 @@ import torch
 from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.sampler import SampleOutput
 from radixlm.messages import ReqTokenOut
+from radixlm.scheduler.prompt_logprobs import take_prompt_logprobs
 from radixlm.scheduler.req import Req
 
 
@@ -45,6 +46,9 @@ class OutputProcessor:
         for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.token_logprobs()):
             if req.finished:  # aborted while its step ran, or (overlap) finished by the
                 # previous step's token: this one is discarded and never reaches a client
+                continue
+            if req.sampling_params.max_new_tokens == 0:  # ran only for its prompt_logprobs
+                req.finish("length")
                 continue
             req.output_ids.append(tok)
             if lp is not None:
@@ -94,6 +98,7 @@ class OutputProcessor:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             logprobs=logprobs,
+            prompt_logprobs=take_prompt_logprobs(req),
             skip_special_tokens=p.skip_special_tokens,
             include_stop_str=p.include_stop_str_in_output,
             stop_hold_chars=max((len(s) for s in p.stop), default=1) - 1,

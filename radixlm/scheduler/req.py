@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from radixlm.messages import TokenLogprob
+from radixlm.messages import PromptLogprobs, TokenLogprob
 from radixlm.sampling_params import SamplingParams
 
 
@@ -73,6 +73,10 @@ class Req:
     # Constrained decoding (radixlm/constrained/): the request's GrammarMatcher, attached
     # when its grammar is compiled; None for unconstrained requests.
     grammar: Any = None
+    # prompt_logprobs asked: those computed so far, and whether they were sent
+    # (scheduler/prompt_logprobs.py).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def fill_ids(self) -> list[int]:

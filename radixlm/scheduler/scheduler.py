@@ -37,6 +37,8 @@ from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut
 from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
+from radixlm.scheduler.prompt_logprobs import (deliver_prompt_logprobs, needs_prompt_logprobs,
+                                               plan_prompt_logprobs)
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.queues import Queues, RunLimits
@@ -184,8 +186,8 @@ class Scheduler:
             req.finish("abort", error=(
                 f"the request needs {len(req.input_ids)} prompt + {p.max_new_tokens} output "
                 f"tokens but this instance holds at most {self.context_len} per request"))
-        elif p.max_new_tokens == 0:
-            req.finish("length")
+        elif p.max_new_tokens == 0 and p.prompt_logprobs is None:
+            req.finish("length")  # (with prompt_logprobs: the prefill runs, see process)
         if req.finished:
             self.outbox.append(self.output_processor.make_output(req))
             return
@@ -372,10 +374,12 @@ class Scheduler:
             return ADMITTED
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
-        match = cache.match_prefix(req.fill_ids[:req.seq_len - 1])
+        # Prompt logprobs need every prompt position's logits: no cached prefix.
+        skip = needs_prompt_logprobs(req)
+        match = cache.match_prefix([] if skip else req.fill_ids[:req.seq_len - 1])
         if self.kv.reads_unsettled(match.device_indices, unsettled):
             return DEFERRED
-        if sharing.should_defer(req, match.prefix_len):
+        if not skip and sharing.should_defer(req, match.prefix_len):
             return DEFERRED
         locked = not cache.disable
         if locked:
@@ -492,7 +496,9 @@ class Scheduler:
             forward_batch=batch.forward_batch, sampling_reqs=sampling,
             keep=None if len(keep) == len(batch.reqs) else torch.tensor(keep, dtype=torch.int64),
             rows=torch.tensor([r.req_pool_idx for r in sampling], dtype=torch.int64),
-            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep], grammar=grammar)
+            positions=[batch.forward_batch.seq_lens_cpu[i] for i in keep], grammar=grammar,
+            prompt_logprobs=(plan_prompt_logprobs(batch.extend_reqs, batch.forward_batch)
+                             if batch.forward_mode.is_extend() else None))
         return LaunchedBatch(batch, sampling, self.worker.launch(task), grammar)
 
     def _process(self, done: LaunchedBatch) -> None:
@@ -506,6 +512,8 @@ class Scheduler:
             r.inflight -= 1
         for r in done.sampling_reqs:
             r.pending_samples -= 1
+        if sampled is not None and sampled.prompt_logprobs is not None:
+            deliver_prompt_logprobs(done.batch.reqs, sampled.prompt_logprobs)
         if sampled is not None:
             self.outbox.extend(self.output_processor.process(done.sampling_reqs, sampled))
 

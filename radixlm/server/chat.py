@@ -22,6 +22,7 @@ from radixlm.messages import ReqStrOut
 from radixlm.server.choices import Choice, plan_choices, start_streams, usage_of
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.logprobs import chat_logprobs
+from radixlm.server.prompt_logprobs import vllm_prompt_logprobs
 from radixlm.server.openai_extras import token_id_fields, truncate_prompt
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
 from radixlm.server.protocol import ChatCompletionRequest
@@ -72,8 +73,11 @@ async def create_chat_completion(tm: TokenizerManager, req: ChatCompletionReques
             "stop_reason": r.matched_stop,
             **token_id_fields(req.return_token_ids, c.input_ids, r.token_ids),
         })
+    extra = {} if req.prompt_logprobs is None else {  # vLLM: on the response, not a choice
+        "prompt_logprobs": vllm_prompt_logprobs(results[0].prompt_logprobs, tm.token_str,
+                                                req.prompt_logprobs)}
     return JSONResponse({**head, "object": "chat.completion", "choices": body_choices,
-                         "usage": usage_of(choices, results)})
+                         "usage": usage_of(choices, results), **extra})
 
 
 def _finish_reason(reason: str | None, has_calls: bool) -> str | None:

@@ -19,6 +19,7 @@ from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconn
 from radixlm.server.logprobs import completion_logprobs
 from radixlm.server.openai_extras import completion_max_tokens, token_id_fields, truncate_prompt
 from radixlm.server.outputs import ChoiceResult, collect_all, merge_streams
+from radixlm.server.prompt_logprobs import echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from radixlm.server.protocol import CompletionRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
 
@@ -52,12 +53,12 @@ async def create_completion(tm: TokenizerManager, req: CompletionRequest, model_
     results = await run_until_disconnect(request, collect_all(start_streams(tm, choices, False)))
     body_choices = []
     for c, r in zip(choices, results):
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs, _ = completion_logprobs(r.logprobs, tm.token_str, req.logprobs)
         text = echoes[c.prompt_idx] + r.text if req.echo else r.text
-        body_choices.append({"index": c.index, "text": text, "logprobs": logprobs,
+        body_choices.append({"index": c.index, "text": text,
+                             "logprobs": _logprobs(req, tm, c, r, r.logprobs,
+                                                   echoes[c.prompt_idx] if req.echo else None)[0],
                              "finish_reason": r.finish_reason, "stop_reason": r.matched_stop,
+                             **_prompt_logprobs_field(req, tm, r),
                              **token_id_fields(req.return_token_ids, c.input_ids,
                                                r.token_ids)})
     return JSONResponse({**head, "choices": body_choices, "usage": usage_of(choices, results)})
@@ -69,7 +70,8 @@ async def _stream(req: CompletionRequest, choices: list[Choice],
     results = [ChoiceResult() for _ in choices]
     offsets = [0] * len(choices)  # text_offset of each choice's next token
     first = [True] * len(choices)
-    for k, c in enumerate(choices) if req.echo else ():
+    # Echo with logprobs waits for the prompt's logprobs (the choice's first output).
+    for k, c in enumerate(choices) if req.echo and req.logprobs is None else ():
         first[k] = False
         yield sse_event({**head, "choices": [{
             "index": c.index, "text": echoes[c.prompt_idx], "logprobs": None,
@@ -77,14 +79,17 @@ async def _stream(req: CompletionRequest, choices: list[Choice],
     async with aclosing(merge_streams(streams)) as merged:
         async for k, out in merged:
             results[k].add(out)
-            if not out.text_delta and out.finish_reason is None and not out.logprobs:
+            if (not out.text_delta and out.finish_reason is None and not out.logprobs
+                    and out.prompt_logprobs is None):
                 continue
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs, offsets[k] = completion_logprobs(out.logprobs or [], tm.token_str,
-                                                           req.logprobs, offsets[k])
-            choice = {"index": choices[k].index, "text": out.text_delta, "logprobs": logprobs,
-                      "finish_reason": out.finish_reason, "stop_reason": out.matched_stop,
+            c = choices[k]
+            echo = echoes[c.prompt_idx] if req.echo and req.logprobs is not None and first[k] \
+                else None
+            logprobs, offsets[k] = _logprobs(req, tm, c, out, out.logprobs or [], echo, offsets[k])
+            choice = {"index": c.index, "text": (echo or "") + out.text_delta,
+                      "logprobs": logprobs, "finish_reason": out.finish_reason,
+                      "stop_reason": out.matched_stop,
+                      **(_prompt_logprobs_field(req, tm, out) if out.prompt_logprobs is not None else {}),
                       **token_id_fields(req.return_token_ids,
                                         choices[k].input_ids if first[k] else None,
                                         out.token_ids_delta)}
@@ -95,3 +100,26 @@ async def _stream(req: CompletionRequest, choices: list[Choice],
             yield sse_event(event)
     if req.include_usage:
         yield sse_event({**head, "choices": [], "usage": usage_of(choices, results)})
+
+
+def _logprobs(req: CompletionRequest, tm: TokenizerManager, c: Choice,
+              r: ChoiceResult | ReqStrOut, lps: list, echo: str | None,
+              offset: int = 0) -> tuple[dict[str, Any] | None, int]:
+    """The choice's `logprobs` object (None when not asked for) and the text offset after
+    its tokens; with `echo` (the prompt's text) the prompt's tokens come first."""
+    if req.logprobs is None:
+        return None, offset
+    head = None
+    if echo is not None:
+        head, _ = echo_logprobs(r.prompt_logprobs, c.input_ids, tm.token_str, req.logprobs)
+        offset = len(echo)
+    body, end = completion_logprobs(lps, tm.token_str, req.logprobs, offset)
+    return (join_logprobs(head, body) if head is not None else body), end
+
+
+def _prompt_logprobs_field(req: CompletionRequest, tm: TokenizerManager,
+                           r: ChoiceResult | ReqStrOut) -> dict[str, Any]:
+    if req.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": vllm_prompt_logprobs(r.prompt_logprobs, tm.token_str,
+                                                    req.prompt_logprobs)}

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from radixlm.messages import ReqStrOut, TokenLogprob
+from radixlm.messages import PromptLogprobs, ReqStrOut, TokenLogprob
 
 T = TypeVar("T")
 
@@ -31,6 +31,7 @@ class ChoiceResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
 
     def add(self, out: ReqStrOut) -> None:
         self.rid = out.rid
@@ -38,6 +39,8 @@ class ChoiceResult:
         self.token_ids.extend(out.token_ids_delta)
         if out.logprobs:
             self.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         # Counts are totals so far (or only set on the last message): keep the largest.
         self.prompt_tokens = max(self.prompt_tokens, out.prompt_tokens)
         self.completion_tokens = max(self.completion_tokens, out.completion_tokens,

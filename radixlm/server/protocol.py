@@ -66,6 +66,13 @@ class _SamplingFields(ConstraintFields, _Strict):
     # vLLM: the prompt's and each choice's token ids in the answer.
     return_token_ids: bool | None = None
     include_stop_str_in_output: bool | None = None
+    # vLLM: the logprobs of the prompt's tokens, with that many top alternatives.
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS,
+        description="vLLM: the logprob of every prompt token (null for the first) with this "
+                    "many top alternatives, as `prompt_logprobs` on each completion choice "
+                    "(on the response for chat; not with stream on chat). Such a request "
+                    "does not use the prefix cache.")
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":
@@ -115,6 +122,7 @@ class _SamplingFields(ConstraintFields, _Strict):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": logprobs,
             "top_logprobs": top_logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
             "constraint": self.constraint(),
             "logit_bias": {int(k): v for k, v in self.logit_bias.items()}
             if self.logit_bias else None,
@@ -135,9 +143,6 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check(self) -> "CompletionRequest":
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (the logprobs of the "
-                             "prompt's tokens are not computed)")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
@@ -154,8 +159,11 @@ class CompletionRequest(_SamplingFields):
         return list(p)  # type: ignore[arg-type]
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        return self.to_sampling_params(default_max_tokens, logprobs=self.logprobs is not None,
-                                       top_logprobs=self.logprobs or 0)
+        params = self.to_sampling_params(default_max_tokens, logprobs=self.logprobs is not None,
+                                         top_logprobs=self.logprobs or 0)
+        if self.echo and self.logprobs is not None:  # the prompt's logprobs come first
+            params.prompt_logprobs = max(params.prompt_logprobs or 0, self.logprobs)
+        return params
 
 
 # --- /v1/chat/completions ----------------------------------------------------------------
@@ -207,6 +215,9 @@ class ChatCompletionRequest(ToolFields, _SamplingFields):
     def _check(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using top_logprobs, logprobs must be set to true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available with stream on chat "
+                             "completions (as in vLLM)")
         if self.continue_final_message:
             if self.add_generation_prompt:
                 raise ValueError("continue_final_message: set add_generation_prompt to false "

@@ -68,7 +68,7 @@ class Detokenizer:
                          finish_reason=out.finish_reason, matched_stop=out.matched_stop,
                          prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                          cached_tokens=out.cached_tokens, logprobs=out.logprobs, error=out.error,
-                         error_status=out.error_status)
+                         error_status=out.error_status, prompt_logprobs=out.prompt_logprobs)
 
     def handle_batch(self, batch: BatchTokenIDOut) -> BatchStrOut:
         return BatchStrOut([self.handle(o) for o in batch.outs])

@@ -73,3 +73,12 @@ def test_every_body_example_is_served(client: TestClient) -> None:
                 r = client.request(method.upper(), path, json=media["example"])
                 assert r.status_code == 200, (path, r.text)
     assert seen >= 3
+
+
+def test_prompt_logprobs_is_published(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for model in ("CompletionRequest", "ChatCompletionRequest"):
+        field = schemas[model]["properties"]["prompt_logprobs"]
+        branch = next(b for b in field["anyOf"] if b.get("type") == "integer")
+        assert (branch["minimum"], branch["maximum"]) == (0, 20)
+        assert "prompt token" in field["description"]

@@ -242,7 +242,7 @@ MSG = [{"role": "user", "content": "hello"}]
     ("/v1/completions", {"prompt": "hello", "max_tokens": "5"}, "max_tokens"),
     ("/v1/completions", {"prompt": 5}, "prompt"),
     ("/v1/completions", {"prompt": "hello", "n": 0}, "n"),
-    ("/v1/completions", {"prompt": "hello", "echo": True, "logprobs": 1}, "echo with logprobs"),
+    ("/v1/completions", {"prompt": "hello", "prompt_logprobs": -1}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "hello", "stream_options": {"include_usage": True}},
      "stream_options"),
     ("/v1/completions", {"prompt": "hello", "truncate_prompt_tokens": 0},
@@ -256,6 +256,8 @@ MSG = [{"role": "user", "content": "hello"}]
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 2, "stream": True,
                               "top_p": 2.0}, "top_p"),
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 3}, "logprobs"),
+    ("/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 1, "stream": True},
+     "prompt_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "role"),
     ("/generate", {"text": "hello", "sampling_params": {"top_k": -5}}, "top_k"),
 ])

@@ -49,7 +49,7 @@ def test_completion_prompt_forms(prompt: object, expected: list[object]) -> None
     '{"prompt": "a", "temperature": "hot"}',
     '{"prompt": "a", "n": 0}',
     '{"prompt": "a", "logprobs": 21}',
-    '{"prompt": "a", "echo": true, "logprobs": 1}',
+    '{"prompt": "a", "prompt_logprobs": 21}',
     '{"prompt": "a", "stream_options": {"include_usage": true}}',
     '{"prompt": "a", "truncate_prompt_tokens": 0}',
     '{"prompt": "a", "stream": "yes"}',
