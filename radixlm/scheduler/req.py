@@ -71,6 +71,9 @@ class Req:
     # Constrained decoding (radixlm/constrained/): the request's GrammarMatcher, attached
     # when its grammar is compiled; None for unconstrained requests.
     grammar: Any = None
+    # Jump-forward (constrained/jump_forward.py): the first position whose id a jump
+    # changed; while set, its K/V from there on is stale and samples are dropped.
+    jump_from: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:

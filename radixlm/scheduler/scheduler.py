@@ -87,6 +87,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.constrained.jump_forward import JumpForward
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
 from radixlm.executor.forward_batch import ForwardMode
@@ -132,7 +133,8 @@ class Scheduler:
                  min_new_token_ratio: float = 0.1,
                  new_token_ratio_decay: float | None = None,
                  enable_mixed_chunk: bool = False, overlap: bool = True,
-                 grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False) -> None:
+                 grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False,
+                 disable_jump_forward: bool = False) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -162,8 +164,11 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.outbox: list[ReqTokenOut] = []
+        # Jump-forward decoding of constrained requests (constrained/jump_forward.py).
+        self.jump_forward = None if disable_jump_forward else JumpForward(tokenizer,
+                                                                          self.context_len)
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
-                                                runner.device)
+                                                runner.device, self.jump_forward)
         # Overlap: batch N+1 is launched before batch N's results are processed.
         self.overlap = overlap
         self.worker = ForwardWorker(runner, inline=not overlap)
@@ -181,6 +186,7 @@ class Scheduler:
         self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
+        self.constrained.snapshot_generators = overlap and self.jump_forward is not None
 
     # --- limits the API process must know ---------------------------------------
 
@@ -221,6 +227,8 @@ class Scheduler:
         for outcome in self.constrained.ready():
             req = outcome.req
             if outcome.error is None:
+                if self.jump_forward is not None:  # a forced opening joins the prefill
+                    self.jump_forward.try_jump(req)
                 self.waiting.append(req)
             else:
                 req.finish("abort", error=outcome.error, error_status=CONSTRAINT_ERROR_STATUS)
@@ -245,6 +253,8 @@ class Scheduler:
                 # Freed by the next step's result processing, like any finished request.
                 req.finish("abort")
                 return
+        if self.jump_forward is not None:
+            self.jump_forward.abort(msg.rid)  # answered once its launched batch is done
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
@@ -258,7 +268,7 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight or self.finishing
-                    or self.constrained.num_queued)
+                    or self.constrained.num_queued or self._jump_held())
 
     def step(self) -> list[ReqTokenOut]:
         """Build and launch the next batch, process the results of the previous one (overlap)
@@ -521,6 +531,8 @@ class Scheduler:
             r.pending_samples -= 1
         if sampled is not None:
             self.outbox.extend(self.output_processor.process(done.sampling_reqs, sampled))
+        if self.jump_forward is not None:
+            self.jump_forward.after_process(self)  # jumped requests back to the queue
 
     def finish_inflight(self) -> None:
         """Wait for the launched batch (overlap), process its results and release what
@@ -547,10 +559,13 @@ class Scheduler:
 
     # --- invariant -------------------------------------------------------------------
 
+    def _jump_held(self) -> list[Req]:
+        return self.jump_forward.held_reqs() if self.jump_forward is not None else []
+
     def held_by_requests(self) -> int:
         """KV slots owned by requests (a partly filled last page counts whole)."""
         return sum(RadixCache.held_by_request(r, self.page_size)
-                   for r in [*self.running, *self.waiting, *self.finishing])
+                   for r in [*self.running, *self.waiting, *self.finishing, *self._jump_held()])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
@@ -558,7 +573,8 @@ class Scheduler:
                              self.tree_cache.total_size())
         rows_used = self.runner.req_to_token_pool.size - self.runner.req_to_token_pool.available_size()
         held_rows = sum(r.req_pool_idx is not None
-                        for r in [*self.running, *self.waiting, *self.finishing])
+                        for r in [*self.running, *self.waiting, *self.finishing,
+                                  *self._jump_held()])
         if rows_used != held_rows:
             raise PoolInvariantError(f"req_to_token rows leak: {rows_used} used, {held_rows} held")
 
