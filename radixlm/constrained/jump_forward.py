@@ -1,21 +1,17 @@
 """Jump-forward decoding: when a request's grammar admits exactly one continuation string,
 append it at once, canonically tokenized, instead of decoding it token by token.
 
-Invariants (docs/structured_output.md, "Jump-forward decoding"):
-  * Text: the request's text after a jump is its text before + the forced string; the
-    tail from `start` (>= every sent, cached or prompt token, within RETOKENIZE_WINDOW
-    output tokens) is re-encoded as the tokenizer encodes it alone, and a jump whose
-    re-encoding does not decode back to the same text is not made.
-  * KV: ids from the first changed position `jump_from` on have no valid K/V. A request
-    with a req_to_token row leaves `running` (to `held` while a launched batch still
-    contains it; that batch's sample for it is dropped and its generator state restored),
-    frees its own slots from `jump_from` (whole pages) and waits at the head of the
-    queue holding its row and cache lock: the next admission extends the new tail like a
-    chunked prefill continuing (radix cache, chunking, budgets as for any extend).
-  * A jump never finishes a request: one that would reach max_new_tokens, the context, or
-    contain a stop string is not made (token-by-token decoding handles it).
-  * Requests asking for logprobs never jump (the extend computes no logprobs of the
-    jumped tokens, and none are invented).
+Invariants (the why and the timeline: docs/architecture.md, "Structured output"):
+  * Text after a jump = text before + the forced string; the output from `start` (never
+    before a sent, cached or prompt token; at most RETOKENIZE_WINDOW tokens back) is
+    re-encoded with it as the tokenizer encodes it alone, or no jump is made.
+  * KV: ids from `req.jump_from` on have no valid K/V. The request leaves `running` (via
+    `held` while a launched batch contains it: that sample is dropped, its draw undone),
+    frees its own slots from there, hands the rest to the radix cache (as a retraction
+    does) and waits at the head of the queue: re-admission matches the prefix back and
+    extends the new tail like any prompt (chunking, budgets).
+  * A jump never finishes a request (no jump into max_new_tokens, the context or a stop
+    string) and never happens for a request asking for logprobs (none are invented).
 Per-step work: one `find_jump_forward_string` per constrained sampled row; tokenizer work
 only where a jump happens, bounded by the window plus the forced string.
 """
@@ -157,13 +153,18 @@ class JumpForward:
         if r.finished:  # aborted while held
             sched.outbox.append(sched.output_processor.make_output(r))
             sched.finishing.append(r)
-        else:
-            sched.waiting.appendleft(r)
+            return
+        # Its valid KV to the radix cache, its row back: waiting requests hold no KV, so a
+        # full pool can never stall admission; re-admission matches the prefix back.
+        sched.tree_cache.cache_finished_req(r)
+        r.retractions += 1  # a re-admission: usage and hit-rate statistics are not recounted
+        sched.waiting.appendleft(r)
 
     @staticmethod
     def rollback(sched: "Scheduler", r: "Req") -> None:
         """Free `r`'s own slots from `jump_from` on (its partly kept last page stays) and
-        set kv_len there; nothing in flight reads its row."""
+        set kv_len there; nothing in flight reads its row. Its row and the rest of its KV
+        stay its own (the caller hands them on)."""
         b, r.jump_from = r.jump_from, None
         if r.kv_poisoned_from is not None or b is None:
             return
