@@ -10,6 +10,7 @@ Invariants (the why and the timeline: docs/architecture.md, "Structured output")
     frees its own slots from there, hands the rest to the radix cache (as a retraction
     does) and waits at the head of the queue: re-admission matches the prefix back and
     extends the new tail like any prompt (chunking, budgets).
+  * Trailing spaces of the forced string are not jumped (the model samples " true").
   * A jump never finishes a request (no jump into max_new_tokens, the context or a stop
     string) and never happens for a request asking for logprobs (none are invented).
 Per-step work: one `find_jump_forward_string` per constrained sampled row; tokenizer work
@@ -79,7 +80,9 @@ class JumpForward:
         m = req.grammar
         if p.logprobs or m.is_terminated():
             return False
-        forced = m.find_jump_forward_string()
+        # A trailing space is left to the model: BPE vocabularies start words with it
+        # (" true", " no"), so jumping it would force a split the model never saw.
+        forced = m.find_jump_forward_string().rstrip(" ")
         if not forced or "\ufffd" in forced:
             return False
         out = req.output_ids

@@ -55,13 +55,13 @@ def _cases(engine: Engine):
     cases = [(prompt(f"Reply with a JSON object ({name})."),
               constraint_from_request({"json_schema": schema}),
               lambda t, s=schema: jsonschema.validate(json.loads(t), s),
-              [f'"{p}": ' for p in schema["properties"]])
+              [f'"{p}":' for p in schema["properties"]])
              for name, schema in SCHEMAS.items()]
     cases.append((prompt("A color and a number:"), constraint_from_request({"regex": REGEX}),
                   lambda t: re.fullmatch(REGEX, t) or pytest.fail(repr(t)), ["-"]))
     cases.append((prompt("Is the sky blue?"), constraint_from_request({"ebnf": EBNF}),
                   lambda t: re.fullmatch(r"Answer: (yes|no)\.", t) or pytest.fail(repr(t)),
-                  ["Answer: "]))
+                  ["Answer:"]))
     return cases
 
 
@@ -92,21 +92,38 @@ def _stream(engine: Engine, cases, **kw) -> list[list[tuple[str, list[int]]]]:
     return [deltas[r] for r in rids]
 
 
-def test_forced_spans_arrive_in_one_step_canonically(make_engine) -> None:
+def test_forced_spans_arrive_in_one_step_canonically(make_engine, monkeypatch) -> None:
+    from radixlm.constrained.jump_forward import RETOKENIZE_WINDOW, JumpForward
+
     engine = make_engine(disable_overlap_schedule=True)
     tok = engine.tokenizer
+    # After every jump, the output from some boundary within the window on is exactly the
+    # tokenizer's own encoding of its text (the re-tokenized tail).
+    jumps: list[tuple[list[int], list[int]]] = []
+    real = JumpForward.try_jump
+
+    def spy(self, req):
+        before = list(req.output_ids)
+        made = real(self, req)
+        if made:
+            jumps.append((before, list(req.output_ids)))
+        return made
+
+    monkeypatch.setattr(JumpForward, "try_jump", spy)
     cases = _cases(engine)
     streamed = _stream(engine, cases)
     jf = engine.scheduler.jump_forward
     assert jf.stats.jumps >= len(cases) and jf.stats.jumped_tokens > 0
+    assert len(jumps) == jf.stats.jumps
+    for before, after in jumps:
+        assert len(after) > len(before)
+        canonical = [s for s in range(max(0, len(before) - RETOKENIZE_WINDOW), len(before) + 1)
+                     if after[:s] == before[:s] and after[s:] == tok.encode(
+                         tok.decode(after[s:]), add_special_tokens=False)]
+        assert canonical, (tok.decode(before), tok.decode(after), after)
     for (_, _, check, forced), steps in zip(cases, streamed):
         text = "".join(d for d, _ in steps)
         check(text)
-        # Each step's ids: one sampled token, or (a jump) the sampled token and the forced
-        # string re-encoded together -- then exactly the tokenizer's own encoding.
-        for d, ids in steps:
-            if len(ids) > 1:
-                assert ids == tok.encode(tok.decode(ids), add_special_tokens=False), (d, ids)
         # Every forced literal lies inside one step's delta.
         bounds, pos = [], 0
         for d, _ in steps:
@@ -127,7 +144,6 @@ def test_forced_spans_arrive_in_one_step_canonically(make_engine) -> None:
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 def test_on_and_off_both_valid(make_engine, overlap) -> None:
     cases = _cases(make_engine())
-    results = {}
     for off in (False, True):
         engine = make_engine(disable_overlap_schedule=not overlap, disable_jump_forward=off)
         outs = engine.generate([p for p, *_ in cases], [_params(c) for _, c, _, _ in cases])
@@ -135,12 +151,9 @@ def test_on_and_off_both_valid(make_engine, overlap) -> None:
             assert o["meta_info"]["finish_reason"] == "stop", o
             check(o["text"])
         _all_back(engine)
-        results[off] = [o["meta_info"]["completion_tokens"] for o in outs]
-        assert (engine.scheduler.jump_forward is None) == off
+        jf = engine.scheduler.jump_forward
+        assert jf is None if off else jf.stats.jumps >= len(cases)
         engine.scheduler.shutdown()
-    # Jumped text is tokenized canonically, sampled text is not always: the token counts
-    # may differ, but the forced openings make the JSON outputs no longer with jumps.
-    assert sum(results[False][:2]) <= sum(results[True][:2]) + 4
 
 
 def test_seeded_n2_same_in_both_loops(make_engine) -> None:
