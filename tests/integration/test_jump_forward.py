@@ -174,3 +174,34 @@ def test_seeded_n2_same_in_both_loops(make_engine) -> None:
         _all_back(engine)
         engine.scheduler.shutdown()
     assert texts[True] == texts[False]
+
+
+def test_kv_after_jumps_equals_a_fresh_prefill(make_engine) -> None:
+    """The K/V a jumping request leaves in the radix cache (rolled back, the new tail
+    extended) is what a fresh prefill of the same ids computes: no stale position."""
+    import torch
+
+    engine = make_engine(disable_overlap_schedule=True)
+    cases = _cases(engine)
+    outs = engine.generate([p for p, *_ in cases], [_params(c) for _, c, _, _ in cases])
+    assert engine.scheduler.jump_forward.stats.jumps >= len(cases)
+    _all_back(engine)
+    sched = engine.scheduler
+    pool = sched.runner.token_to_kv_pool
+
+    def k_last(ids: list[int]) -> torch.Tensor:  # the last layer's K of every position
+        slots = sched.tree_cache.match_prefix(ids).device_indices.to(torch.int64)
+        return pool.k_buffers[-1][slots].clone()
+
+    seqs = [p + o["output_ids"][:-1] for (p, *_), o in zip(cases, outs)]  # all with K/V
+    for ids in seqs:
+        assert sched.tree_cache.match_prefix(ids).prefix_len == len(ids)
+    after_jumps = [k_last(ids) for ids in seqs]
+    assert sched.flush_cache().success
+    fresh_outs = engine.generate(seqs, [SamplingParams(max_new_tokens=1, temperature=0.0)] * len(seqs))
+    assert all(o["meta_info"]["completion_tokens"] == 1 for o in fresh_outs)
+    for ids, k in zip(seqs, after_jumps):
+        fresh = k_last(ids)
+        assert fresh.shape == k.shape
+        torch.testing.assert_close(k, fresh, atol=2e-3, rtol=2e-3)
+    _all_back(engine)
