@@ -10,11 +10,9 @@ Invariants (the why and the timeline: docs/architecture.md, "Structured output")
     frees its own slots from there, hands the rest to the radix cache (as a retraction
     does) and waits at the head of the queue: re-admission matches the prefix back and
     extends the new tail like any prompt (chunking, budgets).
-  * Trailing spaces of the forced string are not jumped (the model samples " true").
-  * A jump never finishes a request (no jump into max_new_tokens, the context or a stop
-    string) and never happens for a request asking for logprobs (none are invented).
-Per-step work: one `find_jump_forward_string` per constrained sampled row; tokenizer work
-only where a jump happens, bounded by the window plus the forced string.
+  * No jump of trailing spaces (the model samples " true"), into max_new_tokens, the
+    context or a stop string, nor for a request asking for logprobs (none are invented).
+Per step: one `find_jump_forward_string` per constrained row; tokenizer work only on jumps.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ Timeline of one batch (`scheduler.py` builds it in `_launch`):
 A row whose request has already finished (overlap: its last token came in the previous
 batch) or whose grammar terminated allows every token: that sample is dropped anyway.
 `fill()` always sets the event, even when a matcher raises, so the forward never hangs.
-With `snapshot_generators` (overlap + jump-forward), `apply` also keeps each constrained
-row's generator state from before the draw, so a sample dropped by a jump can be undone.
+`snapshot_generators` (overlap + jump-forward): `apply` keeps rows' pre-draw generator state.
 """
 
 from __future__ import annotations
