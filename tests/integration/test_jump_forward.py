@@ -198,7 +198,8 @@ def test_kv_after_jumps_equals_a_fresh_prefill(make_engine) -> None:
         assert sched.tree_cache.match_prefix(ids).prefix_len == len(ids)
     after_jumps = [k_last(ids) for ids in seqs]
     assert sched.flush_cache().success
-    fresh_outs = engine.generate(seqs, [SamplingParams(max_new_tokens=1, temperature=0.0)] * len(seqs))
+    fresh_outs = engine.generate(seqs, [SamplingParams(max_new_tokens=1, temperature=0.0)]
+                                 * len(seqs))
     assert all(o["meta_info"]["completion_tokens"] == 1 for o in fresh_outs)
     for ids, k in zip(seqs, after_jumps):
         fresh = k_last(ids)
