@@ -565,7 +565,8 @@ class Scheduler:
     def held_by_requests(self) -> int:
         """KV slots owned by requests (a partly filled last page counts whole)."""
         return sum(RadixCache.held_by_request(r, self.page_size)
-                   for r in [*self.running, *self.waiting, *self.finishing, *self._jump_held()])
+                   for r in [*self.running, *self.waiting, *self.finishing,
+                             *self._jump_held()])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
