@@ -152,6 +152,10 @@ class ServerArgs:
         30.0, "Seconds a constrained request may wait for its grammar (JSON schema, regex, "
         "EBNF) to compile; past it the request fails with a 400. Other requests keep "
         "running meanwhile.")
+    disable_jump_forward: bool = _opt(
+        False, "Decode the text a grammar forces (e.g. a JSON schema's property names) token "
+        "by token instead of appending it at once, canonically tokenized "
+        "(radixlm/constrained/jump_forward.py, docs/architecture.md).")
     tool_call_parser: str | None = _opt(
         None, "How tool calls are found in the model's text for tool_choice 'auto' "
         "(radixlm/server/tool_parsers/): hermes, qwen25, llama3_json, smollm2. Default: "

@@ -120,7 +120,7 @@ def _structured(ns: argparse.Namespace) -> None:
     cfg = StructuredBenchConfig(model=ns.model, batch_sizes=ns.batch_sizes,
                                 output_len=ns.output_len, repeat=ns.repeat, overlap_modes=modes,
                                 num_threads=ns.num_threads, engine_args=dict(ns.engine_arg),
-                                output_file=ns.output_file)
+                                output_file=ns.output_file, sections=ns.sections)
     print(structured_table(run_structured_bench(cfg)))
 
 
@@ -399,6 +399,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     st.add_argument("--output-len", type=int, default=64)
     st.add_argument("--repeat", type=int, default=2)
     st.add_argument("--loop", choices=["serial", "overlap", "both"], default="both")
+    st.add_argument("--sections", nargs="+", choices=["decode", "jump", "compile"],
+                    default=["decode", "jump", "compile"],
+                    help="decode: constrained vs none; jump: jump-forward on vs off over "
+                    "the schema corpus; compile: grammar compile times.")
     st.set_defaults(func=_structured)
 
     db = sub.add_parser("dashboard", help="Serving throughput with N /dashboard pages open vs "

@@ -37,6 +37,18 @@ class GrammarMatcher(ABC):
         """The grammar is complete and accepted its end (a stop token): nothing more may
         be generated."""
 
+    def find_jump_forward_string(self) -> str:
+        """The text every continuation must start with ("" when more than one first
+        character is allowed); jump-forward decoding (`jump_forward.py`) appends it at once.
+        The default finds none: a backend without it decodes token by token."""
+        return ""
+
+    def accept_string(self, text: str) -> bool:
+        """Advance by `text` (bytes, regardless of tokenization); False if not allowed
+        (the state is then unchanged). Needed only where `find_jump_forward_string` can
+        return text."""
+        raise NotImplementedError
+
 
 class GrammarBackend(ABC):
     """One per model: built from the tokenizer and the LM head's vocabulary size."""

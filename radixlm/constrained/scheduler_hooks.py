@@ -34,6 +34,8 @@ class ConstrainedDecoding:
         self._synchronous = synchronous
         self._given_backend = backend
         self.queue: GrammarQueue | None = None  # built on the first constrained request
+        # Overlap + jump-forward: masks keep generator states (step_mask.py).
+        self.snapshot_generators = False
 
     # --- state -------------------------------------------------------------------------
 
@@ -89,7 +91,7 @@ class ConstrainedDecoding:
         if not rows:
             return None
         stats.constrained_rows += len(rows)
-        return GrammarStep(self.queue.backend, reqs, rows, stats)
+        return GrammarStep(self.queue.backend, reqs, rows, stats, self.snapshot_generators)
 
     @staticmethod
     def accept(req: Any, token: int) -> None:

@@ -12,6 +12,7 @@ Timeline of one batch (`scheduler.py` builds it in `_launch`):
 A row whose request has already finished (overlap: its last token came in the previous
 batch) or whose grammar terminated allows every token: that sample is dropped anyway.
 `fill()` always sets the event, even when a matcher raises, so the forward never hangs.
+`snapshot_generators` (overlap + jump-forward): `apply` keeps rows' pre-draw generator state.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from radixlm.constrained.stats import GrammarStats
 
 
 class GrammarStep:
-    __slots__ = ("backend", "reqs", "rows", "bitmask", "_ready", "error", "stats")
+    __slots__ = ("backend", "reqs", "rows", "bitmask", "_ready", "error", "stats",
+                 "snapshot_generators", "_gen_states")
 
     def __init__(self, backend: GrammarBackend, reqs: list[Any], rows: list[int],
-                 stats: GrammarStats) -> None:
+                 stats: GrammarStats, snapshot_generators: bool = False) -> None:
         """`reqs`: the batch's sampling requests in logits order; `rows`: the indices of
         those with a matcher (`req.grammar`)."""
         self.backend = backend
@@ -40,6 +42,8 @@ class GrammarStep:
         self._ready = threading.Event()
         self.error: BaseException | None = None
         self.stats = stats
+        self.snapshot_generators = snapshot_generators
+        self._gen_states: dict[int, torch.Tensor] = {}
 
     @property
     def filled(self) -> bool:
@@ -71,4 +75,13 @@ class GrammarStep:
         self._ready.wait()
         if self.error is not None:
             raise RuntimeError(f"grammar bitmask fill failed: {self.error!r}")
+        if self.snapshot_generators:
+            for i in self.rows:
+                g = self.reqs[i].generator
+                if g is not None:
+                    self._gen_states[i] = g.get_state()
         self.backend.apply_bitmask(logits, self.bitmask, self.rows)
+
+    def generator_state(self, row: int) -> torch.Tensor | None:
+        """Row `row`'s generator state before this batch's draw (after the batch ran)."""
+        return self._gen_states.get(row)

@@ -9,6 +9,7 @@ JSON is generated compactly and deterministically: no free whitespace (a small m
 could otherwise emit newlines until max_tokens), xgrammar's default separators
 (", " and ": "), properties in schema order, no properties beyond the schema's
 (`strict_mode`). `json_object` is any JSON object (`{"type": "object"}`, non-strict).
+An integer the schema leaves unbounded gets I-JSON's bounds (`ijson.py`: at most 16 digits).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from radixlm.constrained.backend import GrammarBackend, GrammarMatcher
 from radixlm.constrained.constraint import Constraint
+from radixlm.constrained.ijson import bound_integers_text
 
 _JSON_OBJECT = '{"type": "object"}'
 
@@ -42,7 +44,8 @@ def parse_grammar(kind: str, spec: str) -> Any:
     """Parse a spec without a tokenizer (validation in the API process); raises on error."""
     xgr = _xgr()
     if kind == "json_schema":
-        return xgr.Grammar.from_json_schema(spec, any_whitespace=False, strict_mode=True)
+        return xgr.Grammar.from_json_schema(bound_integers_text(spec), any_whitespace=False,
+                                            strict_mode=True)
     if kind == "regex":
         return xgr.Grammar.from_regex(spec)
     if kind == "ebnf":
@@ -69,6 +72,12 @@ class XGrammarMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return bool(self.m.is_terminated())
 
+    def find_jump_forward_string(self) -> str:
+        return self.m.find_jump_forward_string()
+
+    def accept_string(self, text: str) -> bool:
+        return bool(self.m.accept_string(text))
+
 
 class XGrammarBackend(GrammarBackend):
     def __init__(self, tokenizer_info: Any, compile_threads: int = 1) -> None:
@@ -88,7 +97,8 @@ class XGrammarBackend(GrammarBackend):
     def compile(self, constraint: Constraint) -> Any:
         c, kind, spec = self.compiler, constraint.kind, constraint.spec
         if kind == "json_schema":
-            return c.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
+            return c.compile_json_schema(bound_integers_text(spec), any_whitespace=False,
+                                         strict_mode=True)
         if kind == "json_object":
             return c.compile_json_schema(_JSON_OBJECT, any_whitespace=False, strict_mode=False)
         if kind == "regex":

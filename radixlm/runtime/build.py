@@ -30,7 +30,8 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       enable_mixed_chunk=args.enable_mixed_chunk,
                       overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device),
                       grammar_compile_timeout=args.grammar_compile_timeout,
-                      grammar_synchronous=args.tp_size > 1)
+                      grammar_synchronous=args.tp_size > 1,
+                      disable_jump_forward=args.disable_jump_forward)
     return sched, tokenizer
 
 

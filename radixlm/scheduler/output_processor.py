@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.constrained.jump_forward import JumpForward
 from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.sampler import SampleOutput
 from radixlm.messages import ReqTokenOut
@@ -24,11 +25,13 @@ from radixlm.scheduler.req import Req
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, context_len: int, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, tokenizer, context_len: int, vocab_size: int, device: torch.device,
+                 jump_forward: JumpForward | None = None) -> None:
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.device = device
+        self.jump_forward = jump_forward  # None: --disable-jump-forward
 
     def init_penalty_state(self, req: Req) -> None:
         if not req.uses_penalties:
@@ -44,8 +47,9 @@ class OutputProcessor:
         outs = []
         # Host tensors (ForwardWorker.wait waited for them on CUDA): no device sync here.
         for req, tok, lp in zip(reqs, sampled.next_token_ids.tolist(), sampled.token_logprobs()):
-            if req.finished:  # aborted while its step ran, or (overlap) finished by the
-                # previous step's token: this one is discarded and never reaches a client
+            if req.finished or req.jump_from is not None:  # aborted while its step ran,
+                # or (overlap) finished or jumped forward after the previous step's token:
+                # this one is discarded and never reaches a client
                 continue
             if req.sampling_params.max_new_tokens == 0:  # ran only for its prompt_logprobs
                 req.finish("length")
@@ -57,6 +61,8 @@ class OutputProcessor:
                 ConstrainedDecoding.accept(req, tok)
             # (Penalty counts were updated on the forward worker when the token was sampled.)
             self.check_finished(req, tok)
+            if req.grammar is not None and not req.finished and self.jump_forward is not None:
+                self.jump_forward.try_jump(req)  # before streaming: deltas are canonical
             if req.stream and not req.finished:
                 outs.append(self.make_output(req))
         return outs

@@ -77,6 +77,9 @@ class Req:
     # (scheduler/prompt_logprobs.py).
     prompt_logprobs: PromptLogprobs | None = None
     prompt_logprobs_sent: bool = False
+    # Jump-forward (constrained/jump_forward.py): the first position whose id a jump
+    # changed; while set, its K/V from there on is stale and samples are dropped.
+    jump_from: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:

@@ -85,6 +85,20 @@ class RequestKV:
             if end > start:
                 self.allocator.free(table[req.req_pool_idx, start:end].to(torch.int64))
 
+    def roll_back(self, req: Req, start: int) -> None:
+        """Positions from `start` on hold stale K/V (a jump-forward changed their ids): free
+        the request's own whole pages past the one `start` falls in and set kv_len there
+        (not below cached_len). Its row and the rest stay its own; nothing in flight may
+        read the row."""
+        if req.kv_poisoned_from is not None:
+            return  # released through `release`, which drops the poisoned part
+        keep = max(req.cached_len, min(start, req.kv_len))
+        first_free = self.page_ceil(keep)
+        if req.kv_len > first_free:
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx, first_free:req.kv_len]
+            self.allocator.free(row.to(torch.int64))
+        req.kv_len = keep
+
     def poison(self, req: Req, start: int) -> None:
         """A forward that wrote positions from `start` on failed: that K/V is garbage and
         must never be reused (dropped at `release`)."""

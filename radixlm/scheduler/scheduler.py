@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.constrained.jump_forward import JumpForward
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
 from radixlm.forward_batch import ForwardMode
@@ -74,7 +75,8 @@ class Scheduler:
                  min_new_token_ratio: float = 0.1,
                  new_token_ratio_decay: float | None = None,
                  enable_mixed_chunk: bool = False, overlap: bool = True,
-                 grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False) -> None:
+                 grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False,
+                 disable_jump_forward: bool = False) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -105,8 +107,11 @@ class Scheduler:
         self.rng = random.Random(random_seed)
         self.queues = Queues()
         self.outbox: list[ReqTokenOut] = []
+        # Jump-forward decoding of constrained requests (constrained/jump_forward.py).
+        self.jump_forward = None if disable_jump_forward else JumpForward(tokenizer,
+                                                                          self.context_len)
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
-                                                runner.device)
+                                                runner.device, self.jump_forward)
         # Overlap: batch N+1 is launched before batch N's results are processed.
         self.overlap = overlap
         self.worker = ForwardWorker(runner, inline=not overlap)
@@ -121,6 +126,7 @@ class Scheduler:
         self.constrained = ConstrainedDecoding(tokenizer, runner.vocab_size, sorted(self.eos_token_ids),
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
+        self.constrained.snapshot_generators = overlap and self.jump_forward is not None
         # GET /dashboard's step history and snapshots; records only while a page watches.
         self.dashboard = DashboardProbe()
         self.oom = OOMRecovery(self.kv, self.queues, self.limits, runner, chunked_prefill_size,
@@ -206,6 +212,8 @@ class Scheduler:
         for outcome in self.constrained.ready():
             req = outcome.req
             if outcome.error is None:
+                if self.jump_forward is not None:  # a forced opening joins the prefill
+                    self.jump_forward.try_jump(req)
                 self.waiting.append(req)
             else:
                 req.finish("abort", error=outcome.error, error_status=CONSTRAINT_ERROR_STATUS)
@@ -230,6 +238,8 @@ class Scheduler:
                 # Freed by the next step's result processing, like any finished request.
                 req.finish("abort")
                 return
+        if self.jump_forward is not None:
+            self.jump_forward.abort(msg.rid)  # answered once its launched batch is done
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
@@ -243,7 +253,7 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight or self.finishing
-                    or self.constrained.num_queued)
+                    or self.constrained.num_queued or self._jump_held())
 
     def step(self) -> list[ReqTokenOut]:
         """Build and launch the next batch, process the results of the previous one (overlap)
@@ -516,6 +526,8 @@ class Scheduler:
             deliver_prompt_logprobs(done.batch.reqs, sampled.prompt_logprobs)
         if sampled is not None:
             self.outbox.extend(self.output_processor.process(done.sampling_reqs, sampled))
+        if self.jump_forward is not None:
+            self.jump_forward.after_process(self)  # jumped requests back to the queue
 
     def finish_inflight(self) -> None:
         """Wait for the launched batch (overlap), process its results and release what
@@ -542,13 +554,16 @@ class Scheduler:
 
     # --- invariant -------------------------------------------------------------------
 
+    def _jump_held(self) -> list[Req]:
+        return self.jump_forward.held_reqs() if self.jump_forward is not None else []
+
     def held_by_requests(self) -> int:
         """KV slots owned by requests (a partly filled last page counts whole)."""
-        return self.kv.held_by(self.queues.holders())
+        return self.kv.held_by([*self.queues.holders(), *self._jump_held()])
 
     def check_invariant(self) -> None:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
-        self.kv.check(self.queues.holders())
+        self.kv.check([*self.queues.holders(), *self._jump_held()])
 
     def flush_cache(self, rid: str = "") -> FlushCacheResult:
         """Empty the radix cache (all its slots back to the allocator). Refused while any

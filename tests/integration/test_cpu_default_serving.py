@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm import Engine, SamplingParams, cpu_features
+from radixlm import Engine, SamplingParams
+from radixlm.runtime import cpu_features
 from radixlm.models import load_model, resolve_model_path
 from radixlm.models.linear.int4 import Int4GroupwiseLinear, int4_kernel_runs_on
 from tests import machine_facts

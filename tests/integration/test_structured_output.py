@@ -164,11 +164,14 @@ def test_streaming_and_logprobs(make_engine) -> None:
 def test_retraction_keeps_outputs_valid(make_engine) -> None:
     """A pool so small that decode retracts: the retracted requests keep their tokens and
     their matchers, and still produce the same valid output."""
-    ref = _run_and_check(make_engine(disable_overlap_schedule=True))
+    # Token by token: with jump-forward the outputs are shorter and jumped requests give
+    # their KV back while they wait, so this pool no longer runs out (outputs equal, 0
+    # retractions). This test keeps the decode path that does retract.
+    ref = _run_and_check(make_engine(disable_overlap_schedule=True, disable_jump_forward=True))
     # Bold admission (a tiny reserve for decode growth) into a small pool: decode runs out.
     small = make_engine(disable_overlap_schedule=True, max_total_tokens=200,
                         disable_radix_cache=True, init_new_token_ratio=0.02,
-                        min_new_token_ratio=0.02)
+                        min_new_token_ratio=0.02, disable_jump_forward=True)
     assert _run_and_check(small) == ref
     assert small.scheduler.num_retractions > 0
 
