@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,19 @@ def _build_key(source: Path) -> str:
     h.update(" ".join(CFLAGS).encode())
     h.update(cpu_features.machine_key().encode())
     return h.hexdigest()[:16]
+
+
+def _stage(source: Path, build_dir: Path) -> Path:
+    """The source and its headers copied into the build directory (same key, same bytes):
+    ninja's build file then names the same path whichever checkout or venv builds, so a
+    second checkout of the same sources finds the build done instead of redoing it."""
+    staged = build_dir / "src"
+    staged.mkdir(exist_ok=True)
+    for path in [source, *sorted(source.parent.glob("*.h"))]:
+        target = staged / path.name
+        if not target.exists():
+            shutil.copyfile(path, target)
+    return staged / source.name
 
 
 @functools.cache
@@ -73,7 +87,7 @@ def build_extension(name: str, source: Path) -> ModuleType | None:
         with open(build_dir / "radixlm.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            module = load(name=f"radixlm_{name}_{key}", sources=[str(source)],
+            module = load(name=f"radixlm_{name}_{key}", sources=[str(_stage(source, build_dir))],
                           extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                           build_directory=str(build_dir), verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"

@@ -119,3 +119,37 @@ def test_a_killed_build_does_not_block_later_builds(tmp_path, monkeypatch):
         assert build.build_extension("tiny", src).two() == 2
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_a_second_checkout_reuses_the_build(tmp_path, monkeypatch):
+    """Two checkouts of the same sources (two venvs, a worktree) share one build: the
+    sources are staged into the build directory, so ninja sees the same paths and does not
+    recompile (it used to, for every other checkout, and under load that pushed server
+    start-ups past their timeouts)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    sources = []
+    for checkout in ("a", "b"):
+        (tmp_path / checkout).mkdir()
+        source = tmp_path / checkout / "tiny.cpp"
+        source.write_text("#include <pybind11/pybind11.h>\n"
+                          "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"two\", [] { return 2; }); }\n")
+        sources.append(source)
+
+    def build_from(source) -> float:
+        code = textwrap.dedent(f"""
+            from pathlib import Path
+            from radixlm.cpu_kernels import build
+            m = build.build_extension("tiny", Path({str(source)!r}))
+            assert m.two() == 2
+            print(Path(m.__file__).stat().st_mtime_ns)
+        """)
+        out = subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                             capture_output=True, text=True)
+        return int(out.stdout.split()[-1])
+
+    first = build_from(sources[0])
+    assert build_from(sources[1]) == first  # the .so was not rebuilt

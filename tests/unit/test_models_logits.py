@@ -155,8 +155,10 @@ def test_last_token_logits_only(pair):
 
 # bf16 cases that round differently from HF by design: HF soft-caps the logits in bf16
 # (radixlm in float32), and sums a token's experts in another order (index_add_).
-_BF16_LOOSER = {"gemma3_window": 1e-2, "qwen3_moe": 1e-2, "qwen3_moe_dense_layer": 1e-2,
-                "mixtral": 1e-2}
+# Measured 2026-12-02: 0 for every case but gemma3_window (0.27 of the noise) and mixtral
+# (0.01 of it: its routing flips in bf16, so the noise is large).
+BF16_NOISE_SHARE = 0.35
+_BF16_LOOSER = {"gemma3_window": 1e-2, "mixtral": 1e-2}
 
 
 def test_bfloat16_matches_hf_bfloat16(pair, request):
@@ -172,7 +174,12 @@ def test_bfloat16_matches_hf_bfloat16(pair, request):
     h = PoolHarness(model, config, kv_dtype=torch.bfloat16)
     got = h.extend([h.new_request()], [ids], all_logits=True)
     assert got.dtype == torch.float32
-    assert rel_err(got, _hf_logits(hf16, ids)) < tol
+    ref16 = _hf_logits(hf16, ids)
+    assert rel_err(got, ref16) < tol
+    # Closer to HF's bf16 than bf16 rounding itself moves HF (its float32 logits): a model
+    # that merely runs in bf16, rounding elsewhere, is about that far away.
+    bf16_noise = rel_err(_hf_logits(pair[0], ids), ref16)
+    assert rel_err(got, ref16) < BF16_NOISE_SHARE * bf16_noise
 
 
 # ---- config parsing and loading errors ------------------------------------------------
