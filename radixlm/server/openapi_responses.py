@@ -46,6 +46,13 @@ _DESCRIPTIONS = {
          "pool and which flag to change)",
 }
 _GENERATION_ERRORS = (408, 429, 507)
+# One server-sent event as schema checkers (schemathesis) parse it: `data: {json}` events,
+# the last one `data: [DONE]`.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"},
+                   "id": {"type": "string"}},
+    "description": "`data: {json}` events ending with `data: [DONE]`"}
 
 
 def _error(status: int) -> dict[str, Any]:
@@ -90,8 +97,7 @@ def document_responses(schema: dict[str, Any], guarded: set[tuple[str, str]]) ->
                     ok = responses.setdefault("200", {"description": "Successful Response"})
                     ok.setdefault("content", {}).setdefault(
                         "text/event-stream",
-                        {"schema": {"type": "string", "description":
-                                    "`data: {json}` events ending with `data: [DONE]`"}})
+                        {"schema": SSE_EVENT})
             for status in sorted(statuses):
                 responses.setdefault(str(status), _error(status))
 

@@ -49,6 +49,13 @@ def test_metrics_and_server_info():
             assert metric(text, "radixlm_weight_bytes") == 16 * GiB
             assert metric(text, "radixlm_kv_cache_bytes") == plan.kv_bytes
             assert metric(text, "radixlm_activation_headroom_bytes") == plan.activation_headroom
+            # By hand, not by the planner: Llama-3-8B keeps K and V of 8 KV heads x 128 dims
+            # in bf16 in each of 32 layers, 131,072 bytes a token; weights + KV + headroom
+            # fit in the 0.9 share of the 80 GiB device.
+            kv_tokens = plan.kv_tokens
+            assert metric(text, "radixlm_kv_cache_bytes") == kv_tokens * 32 * 2 * 8 * 128 * 2
+            assert 16 * GiB + metric(text, "radixlm_kv_cache_bytes") <= 0.9 * 80 * GiB
+            assert metric(text, "radixlm_activation_headroom_bytes") > 0
             assert metric(text, "radixlm_kv_capacity_tokens") == 1024
             assert metric(text, "radixlm_num_running_reqs") == 0
             assert metric(text, "radixlm_scheduler_up") == 1

@@ -34,7 +34,8 @@ def install_event_stream(app: FastAPI, stream: Callable[[], Any],
                          check_key: Callable[[Request], Awaitable[None]]) -> None:
     """GET /dashboard/events: `stream()` is an async iterator of server-sent-event bytes."""
 
-    @app.get("/dashboard/events", dependencies=[Depends(check_key)])
+    # Not in /openapi.json: the page's own feed, an endless stream, not part of the API.
+    @app.get("/dashboard/events", dependencies=[Depends(check_key)], include_in_schema=False)
     async def dashboard_events() -> Response:
         return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
 
