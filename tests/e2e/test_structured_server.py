@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import assert_pool_free, running_server
+from tests.server_harness import running_server
 
-pytestmark = [pytest.mark.slow, requires_default_model]
+pytestmark = [pytest.mark.slow, requires_default_model,
+              pytest.mark.usefixtures("pool_invariant")]
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -43,18 +44,6 @@ PERSON = {"type": "object", "properties": {
 def server() -> Iterator[str]:
     with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8") as srv:
         yield srv.url
-
-@pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    return openai.OpenAI(base_url=server + "/v1", api_key="x", timeout=300, max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def pool_invariant(server: str) -> Iterator[None]:
-    """After every test: once the scheduler is idle, every KV slot is free again."""
-    yield
-    assert_pool_free(server)
-
 
 def _check_call(call: Any, tools: list[dict]) -> None:
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}

@@ -16,6 +16,7 @@ from radixlm import SamplingParams
 from radixlm.constrained.request_mapping import constraint_from_request
 from radixlm.engine import Engine
 from tests.conftest import requires_default_model
+from tests.engine_checks import assert_all_slots_back
 
 pytestmark = [requires_default_model, pytest.mark.slow]
 jsonschema = pytest.importorskip("jsonschema")
@@ -68,14 +69,6 @@ def _cases(engine: Engine):
 def _params(c, **kw) -> SamplingParams:
     kw.setdefault("temperature", 0.0)
     return SamplingParams(max_new_tokens=MAX_NEW, constraint=c, **kw)
-
-
-def _all_back(engine: Engine) -> None:
-    engine.settle()
-    assert not engine.scheduler.has_work()
-    engine.check_invariant()
-    s = engine.scheduler
-    assert s.runner.allocator.available_size() + s.tree_cache.total_size() == s.runner.allocator.size
 
 
 def _stream(engine: Engine, cases, **kw) -> list[list[tuple[str, list[int]]]]:
@@ -134,11 +127,11 @@ def test_forced_spans_arrive_in_one_step_canonically(make_engine, monkeypatch) -
             assert any(a <= i and i + len(lit) <= b for a, b in bounds), (lit, steps)
         # Decode steps: fewer than tokens (the jumped ones cost none).
         assert len(steps) < sum(len(ids) for _, ids in steps)
-    _all_back(engine)
+    assert_all_slots_back(engine)
     # The same requests without streaming: the same text.
     outs = engine.generate([p for p, *_ in cases], [_params(c) for _, c, _, _ in cases])
     assert [o["text"] for o in outs] == ["".join(d for d, _ in s) for s in streamed]
-    _all_back(engine)
+    assert_all_slots_back(engine)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
@@ -150,7 +143,7 @@ def test_on_and_off_both_valid(make_engine, overlap) -> None:
         for (_, _, check, _), o in zip(cases, outs):
             assert o["meta_info"]["finish_reason"] == "stop", o
             check(o["text"])
-        _all_back(engine)
+        assert_all_slots_back(engine)
         jf = engine.scheduler.jump_forward
         assert jf is None if off else jf.stats.jumps >= len(cases)
         engine.scheduler.shutdown()
@@ -171,7 +164,7 @@ def test_seeded_n2_same_in_both_loops(make_engine) -> None:
             cases[i // 2][2](o["text"])
         texts[overlap] = [o["text"] for o in outs]
         assert engine.scheduler.jump_forward.stats.jumps > 0
-        _all_back(engine)
+        assert_all_slots_back(engine)
         engine.scheduler.shutdown()
     assert texts[True] == texts[False]
 
@@ -185,7 +178,7 @@ def test_kv_after_jumps_equals_a_fresh_prefill(make_engine) -> None:
     cases = _cases(engine)
     outs = engine.generate([p for p, *_ in cases], [_params(c) for _, c, _, _ in cases])
     assert engine.scheduler.jump_forward.stats.jumps >= len(cases)
-    _all_back(engine)
+    assert_all_slots_back(engine)
     sched = engine.scheduler
     pool = sched.runner.token_to_kv_pool
 
@@ -205,4 +198,4 @@ def test_kv_after_jumps_equals_a_fresh_prefill(make_engine) -> None:
         fresh = k_last(ids)
         assert fresh.shape == k.shape
         torch.testing.assert_close(k, fresh, atol=2e-3, rtol=2e-3)
-    _all_back(engine)
+    assert_all_slots_back(engine)
