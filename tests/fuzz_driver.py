@@ -5,8 +5,9 @@ Every operation of /openapi.json gets `max_examples` generated requests in each 
   * never a 5xx;
   * a 4xx: a JSON OpenAI-style error body, {"error": {"message", "type", "code"}} with
     code equal to the status;
-  * a 2xx stream (text/event-stream): `data:` events of JSON ending with [DONE], no
-    error event with a 5xx code;
+  * a 2xx stream (text/event-stream): `data:` events of JSON ending with [DONE] (the
+    Responses API's: with `response.completed` or `response.incomplete`, as OpenAI's
+    carry no [DONE]), no error event with a 5xx code;
   * a 2xx for a negative (schema-violating) request: counted as "accepted_negative",
     a finding to look at, not a failure (the schema cannot state every rule, e.g. a
     union of strict types);
@@ -66,9 +67,11 @@ def check_response(status: int, content_type: str, body: bytes) -> str | None:
     if content_type.startswith("text/event-stream"):
         events = [line[5:].strip() for line in body.decode("utf-8", "replace").split("\n")
                   if line.startswith("data:")]
-        if not events or events[-1] != "[DONE]":
-            return f"stream does not end with [DONE]: {body[-300:]!r}"
-        for e in events[:-1]:
+        if events and events[-1] == "[DONE]":
+            events = events[:-1]
+        elif not (events and _ends_a_response(events[-1])):
+            return f"stream does not end with [DONE] or response.completed: {body[-300:]!r}"
+        for e in events:
             try:
                 obj = json.loads(e)
             except ValueError:
@@ -79,13 +82,23 @@ def check_response(status: int, content_type: str, body: bytes) -> str | None:
     return None
 
 
+def _ends_a_response(event: str) -> bool:
+    """The Responses API's last event: the response done, whole or cut by a limit."""
+    try:
+        obj = json.loads(event)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and obj.get("type") in ("response.completed",
+                                                         "response.incomplete")
+
+
 def fuzz(base_url: str, max_examples: int, *, headers: dict[str, str] | None = None,
          modes: tuple[str, ...] = ("positive", "negative"), timeout_s: float = 120.0,
          report: FuzzReport | None = None) -> FuzzReport:
     report = report or FuzzReport()
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
     # Read every stream to its end (schemathesis cuts SSE bodies after a few events by
-    # default), so the [DONE] rule can be checked.
+    # default), so the rule for a stream's end can be checked.
     schema.config.max_stream_events = 1_000_000
     for result in schema.get_all_operations():
         op = result.ok()
