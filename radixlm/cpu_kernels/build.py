@@ -5,7 +5,8 @@ Compiled with torch's extension builder (g++ and ninja) for the machine it runs 
 source, torch's version, the compiler flags and the CPU's flags, so a second start loads
 the built library in well under a second and a different CPU builds its own. Any failure
 (no compiler, no ninja) is logged once and answered with None: the callers fall back to
-their torch code.
+their torch code. A build about to run is announced first, with the time the last build of
+that kernel took here; several missing kernels build in parallel, one process each.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import fcntl
 import functools
 import hashlib
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -57,20 +60,59 @@ def _stage(source: Path, build_dir: Path) -> Path:
     return staged / source.name
 
 
+def _disabled(name: str) -> bool:
+    # RADIXLM_DISABLE_CPU_KERNELS=1: none (the torch fallbacks); =name,name: those.
+    disabled = os.environ.get("RADIXLM_DISABLE_CPU_KERNELS", "")
+    return disabled == "1" or name in disabled.split(",")
+
+
 @functools.cache
 def load_kernel(name: str) -> ModuleType | None:
     """The extension built from `<name>.cpp` next to this file, or None (logged)."""
-    # RADIXLM_DISABLE_CPU_KERNELS=1: none (the torch fallbacks); =name,name: those.
-    disabled = os.environ.get("RADIXLM_DISABLE_CPU_KERNELS", "")
-    if disabled == "1" or name in disabled.split(","):
+    if _disabled(name):
         return None
-    return build_extension(name, Path(__file__).with_name(f"{name}.cpp"))
+    return build_extension(name, _source(name))
+
+
+# A first build's duration where none was recorded on this machine (g++ -O3 on one
+# 2-vCPU EPYC core: 30-40 s per kernel).
+_DEFAULT_BUILD_SECONDS = 40.0
+
+
+def _build_dir(name: str, source: Path) -> Path:
+    return cache_root() / "cpu_kernels" / f"{name}-{_build_key(source)}"
+
+
+def _seconds_file(name: str) -> Path:
+    return cache_root() / "cpu_kernels" / f"{name}.build_seconds"
+
+
+def _source(name: str) -> Path:
+    return Path(__file__).with_name(f"{name}.cpp")
+
+
+def is_built(name: str) -> bool:
+    """Whether `name`'s library for this source, torch, flags and CPU is in the cache."""
+    source = _source(name)
+    build_dir = _build_dir(name, source)
+    return (build_dir / f"radixlm_{name}_{_build_key(source)}.so").exists()
+
+
+def expected_build_seconds(name: str) -> float:
+    """How long the last build of `name` took on this machine (any version), or a guess."""
+    try:
+        return float(_seconds_file(name).read_text())
+    except (OSError, ValueError):
+        return _DEFAULT_BUILD_SECONDS
 
 
 def build_extension(name: str, source: Path) -> ModuleType | None:
     """Build (or find built) and import the extension of one C++ source; None on failure."""
     key = _build_key(source)
-    build_dir = cache_root() / "cpu_kernels" / f"{name}-{key}"
+    build_dir = _build_dir(name, source)
+    if not (build_dir / f"radixlm_{name}_{key}.so").exists():
+        logger.warning("building CPU kernel %s for this CPU (once per machine and version; "
+                       "about %.0f s) ...", name, expected_build_seconds(name))
     t0 = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load
@@ -96,7 +138,8 @@ def build_extension(name: str, source: Path) -> ModuleType | None:
         return None
     dt = time.perf_counter() - t0
     if dt > 2:
-        logger.info("built CPU kernel %s in %.1f s (cached in %s)", name, dt, build_dir)
+        logger.warning("built CPU kernel %s in %.1f s (cached in %s)", name, dt, build_dir)
+        _seconds_file(name).write_text(f"{dt:.1f}")
     return module
 
 
@@ -104,10 +147,31 @@ def kernel_names() -> list[str]:
     return sorted(p.stem for p in Path(__file__).parent.glob("*.cpp"))
 
 
+def _build_in_child(name: str) -> bool:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return load_kernel(name) is not None
+
+
+def build_missing_in_parallel() -> None:
+    """Build every kernel not yet in the cache, one process per kernel at once (each g++
+    uses one core), so a first start waits for the longest build, not for their sum."""
+    missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
+    workers = min(len(missing), os.cpu_count() or 1)
+    if len(missing) < 2 or workers < 2:
+        return  # load_kernel builds the one (or each, on one core) and says so
+    rounds = -(-len(missing) // workers)
+    logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),
+                   ", ".join(missing), rounds * max(expected_build_seconds(n) for n in missing))
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        list(pool.map(_build_in_child, missing))
+
+
 def load_all_kernels() -> dict[str, bool]:
     """Build (or load) every kernel now; name -> available. A CPU model runner calls this
     at start-up, so that a first start on a new machine builds before the server reports
     ready instead of inside its first request."""
+    build_missing_in_parallel()
     return {name: load_kernel(name) is not None for name in kernel_names()}
 
 

@@ -1,0 +1,49 @@
+"""The kernel builder says what it builds before it builds, records how long it took, and
+finds the build done the second time (a C++ source without torch headers, ~1 s to build)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from radixlm.cpu_kernels import build
+
+TINY = r"""
+#include <Python.h>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define STR2(a) #a
+#define STR(a) STR2(a)
+static PyModuleDef tiny_module = {PyModuleDef_HEAD_INIT, STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
+PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&tiny_module); }
+"""
+
+
+def test_build_is_announced_timed_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    source = src_dir / "tiny.cpp"
+    source.write_text(TINY)
+    caplog.set_level(logging.INFO, logger=build.__name__)
+
+    assert build.expected_build_seconds("tiny") == build._DEFAULT_BUILD_SECONDS
+    module = build.build_extension("tiny", source)
+    assert module is not None
+    messages = [r.getMessage() for r in caplog.records]
+    announced = [i for i, m in enumerate(messages) if m.startswith("building CPU kernel tiny")]
+    assert announced, messages
+    assert "about 40 s" in messages[announced[0]]
+    library = build._build_dir("tiny", source) / f"radixlm_tiny_{build._build_key(source)}.so"
+    assert library.exists()
+
+    # A recorded duration is what the next announcement quotes; a built kernel is not
+    # announced again.
+    build._seconds_file("tiny").write_text("7.0")
+    assert build.expected_build_seconds("tiny") == 7.0
+    caplog.clear()
+    assert build.build_extension("tiny", source) is not None
+    assert not any(r.getMessage().startswith("building") for r in caplog.records)
