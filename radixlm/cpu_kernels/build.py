@@ -15,12 +15,11 @@ import fcntl
 import functools
 import hashlib
 import logging
-import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -147,14 +146,11 @@ def kernel_names() -> list[str]:
     return sorted(p.stem for p in Path(__file__).parent.glob("*.cpp"))
 
 
-def _build_in_child(name: str) -> bool:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return load_kernel(name) is not None
-
-
 def build_missing_in_parallel() -> None:
     """Build every kernel not yet in the cache, one process per kernel at once (each g++
-    uses one core), so a first start waits for the longest build, not for their sum."""
+    uses one core), so a first start waits for the longest build, not for their sum.
+    Plain subprocesses: the scheduler is a daemonic process, which multiprocessing forbids
+    to have children. A failed child is only logged: load_kernel then tries (and says) again."""
     missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
     workers = min(len(missing), os.cpu_count() or 1)
     if len(missing) < 2 or workers < 2:
@@ -162,9 +158,14 @@ def build_missing_in_parallel() -> None:
     rounds = -(-len(missing) // workers)
     logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),
                    ", ".join(missing), rounds * max(expected_build_seconds(n) for n in missing))
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding threads
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        list(pool.map(_build_in_child, missing))
+    pending = list(missing)
+    while pending:
+        batch, pending = pending[:workers], pending[workers:]
+        children = [subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build", "--only", name])
+                    for name in batch]
+        for name, child in zip(batch, children):
+            if child.wait() != 0:
+                logger.warning("parallel build of CPU kernel %s failed (exit %s)", name, child.returncode)
 
 
 def load_all_kernels() -> dict[str, bool]:
@@ -175,10 +176,14 @@ def load_all_kernels() -> dict[str, bool]:
     return {name: load_kernel(name) is not None for name in kernel_names()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m radixlm.cpu_kernels.build`: build every kernel of this folder now (the
-    test set-up does, so that no test pays for the build)."""
+    set-up does, so that neither the first start nor a test pays for the build);
+    `--only NAME`: that one (exit 1 if it is unavailable)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--only"] and len(argv) == 2:
+        return 0 if load_kernel(argv[1]) is not None else 1
     for name, ok in load_all_kernels().items():
         print(f"{name}: {'ok' if ok else 'unavailable (torch fallback)'}")
     return 0
