@@ -28,7 +28,8 @@ from radixlm.ray.routed_request import RoutedRequest, routed_request
 logger = logging.getLogger(__name__)
 
 SUMMED_POOL_FIELDS = ("prompt_tokens_total", "cached_tokens_total", "running", "waiting")
-RETRIES = 2  # extra tries of a non-streaming request whose replica died before answering
+RETRIES = 4  # extra tries of a non-streaming request whose replica died before answering
+RETRY_BACKOFF_S = 0.5  # times the try number: Serve learns of the death meanwhile
 
 api = FastAPI(title="radixlm on Ray Serve")
 
@@ -95,6 +96,8 @@ class Ingress:
             except RayError as e:
                 logger.warning("replica failed before answering %s (try %d): %s", req.path,
                                attempt + 1, e)
+                if attempt + 1 < tries:
+                    await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
         else:
             return _error(503, "the replica serving this request failed; retry")
         if req.stream:

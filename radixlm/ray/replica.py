@@ -1,6 +1,7 @@
 """`EngineReplica`: the Ray Serve replica that owns one radixlm engine (child_server.py).
 
-`forward(RoutedRequest)` is an async generator: first `{"status", "headers"}`, then the
+`forward(RoutedRequest)` is an async generator: first `{"status", "headers"}` (with the
+replica's id in `x-radixlm-replica`), then the
 engine's response body in chunks as they come (server-sent events pass through as they
 are written). Cancelling the generator (the client went away) closes the engine
 connection, and the engine aborts the request and frees its KV.
@@ -26,7 +27,7 @@ from ray import serve
 from radixlm.config import ServerArgs
 from radixlm.ray import engine_directory
 from radixlm.ray.child_server import ChildServer
-from radixlm.ray.routed_request import RETURNED_HEADERS, RoutedRequest
+from radixlm.ray.routed_request import REPLICA_HEADER, RETURNED_HEADERS, RoutedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ class EngineReplica:
         async with self._client.stream(req.method, self.engine.url + req.path,
                                        content=req.body or None,
                                        headers=req.headers) as r:
-            yield {"status": r.status_code,
-                   "headers": {k: r.headers[k] for k in RETURNED_HEADERS if k in r.headers}}
+            headers = {k: r.headers[k] for k in RETURNED_HEADERS if k in r.headers}
+            yield {"status": r.status_code, "headers": headers | {REPLICA_HEADER: self.replica_id}}
             async for chunk in r.aiter_raw():
                 yield chunk
 
@@ -76,6 +77,8 @@ class EngineReplica:
             raise RuntimeError(f"engine exited (code {self.engine.proc.returncode})")
 
     def __del__(self) -> None:
+        if not hasattr(self, "engine"):
+            return  # the constructor failed before the engine started
         try:
             engine_directory.forget(self.app_name, self.replica_id)
         except Exception:  # the cluster may be going down

@@ -19,6 +19,7 @@ from radixlm.router.request_text import routing_text
 FORWARDED_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
 # Response headers passed back to the client.
 RETURNED_HEADERS = ("content-type", "retry-after", "x-request-id")
+REPLICA_HEADER = "x-radixlm-replica"  # added to every response: the replica that served it
 
 
 @dataclass(frozen=True)
