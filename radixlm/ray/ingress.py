@@ -7,11 +7,13 @@ picks; the replica streams back the engine's status, headers and body (server-se
 pass through chunk by chunk). Fanned out to every engine (engine_directory.py): GET
 /server_info (with `pool` summing the counters, as `radixlm router` does) and POST
 /flush_cache. A replica that dies before answering a non-streaming request is retried on
-another (nothing was sent yet); a stream cut by a dying replica ends where it was cut.
+another (nothing was sent yet); a stream cut by a dying replica ends with an OpenAI
+error event and `data: [DONE]`, as through `radixlm router`.
 No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 """
 
 import asyncio
+import json
 import logging
 from typing import Any, AsyncIterator
 
@@ -24,6 +26,8 @@ from ray.serve.handle import DeploymentHandle
 
 from radixlm.ray import engine_directory
 from radixlm.ray.routed_request import RoutedRequest, routed_request
+from radixlm.server.errors import error_body
+from radixlm.server.http_util import SSE_DONE
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +39,7 @@ api = FastAPI(title="radixlm on Ray Serve")
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "service_unavailable",
-                                   "code": status}}, status_code=status)
+    return JSONResponse(error_body(status, message), status_code=status)
 
 
 @serve.ingress(api)
@@ -113,7 +116,12 @@ class Ingress:
         try:
             async for chunk in gen:
                 yield chunk
-        except RayError as e:  # the replica died mid-stream: end the stream here
+        except RayError as e:  # the replica died mid-stream: say so, as `radixlm router` does
             logger.warning("stream cut by a failed replica: %s", e)
+            message = (f"The replica serving this stream failed mid-way: {type(e).__name__}. "
+                       "The output above is incomplete.")
+            # A chunk boundary may have cut an event: start on a fresh line.
+            yield ("\n\ndata: " + json.dumps(error_body(503, message)) + "\n\n"
+                   + SSE_DONE).encode()
         finally:
             gen.cancel()

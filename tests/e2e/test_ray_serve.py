@@ -156,12 +156,10 @@ def test_killed_replica_is_replaced_and_no_request_hangs(deployment):
 
     def one(i: int) -> tuple[bool, int]:
         stream = i % 6 == 5
-        try:
-            r = complete(base, work[i % len(work)][1], max_tokens=24, stream=stream)
-            return stream, r.status_code
-        except httpx.HTTPError as e:  # a stream cut by the kill may end abruptly
-            assert stream, f"non-streaming request failed: {e!r}"
-            return stream, -1
+        r = complete(base, work[i % len(work)][1], max_tokens=24, stream=stream)
+        if stream and r.status_code == 200:  # a stream the kill cut says so, then ends
+            assert r.text.rstrip().endswith("data: [DONE]"), r.text[-300:]
+        return stream, r.status_code
 
     with cf.ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(one, i) for i in range(18)]
@@ -169,6 +167,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(deployment):
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
         results = [f.result(timeout=300) for f in futures]  # none hangs
     assert all(code == 200 for stream, code in results if not stream), results
+    assert all(code in (200, 503) for stream, code in results), results
     deadline = time.monotonic() + 400
     while engine_replicas("ca") < 2 or len(httpx.get(base + "/server_info", timeout=60)
                                             .json()["workers"]) < 2:
