@@ -126,7 +126,7 @@ def run_ray(ns, engine_args, run) -> dict[str, float]:
 
     from radixlm.bench.cold_start import free_port
     from radixlm.config import ServerArgs
-    from radixlm.ray.app import build_app
+    from radixlm.ray.application import build_app
     from radixlm.ray.config import RayServeArgs
 
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import Any
 def __getattr__(name: str) -> Any:
     if name == "app":
         from radixlm.config import ServerArgs
-        from radixlm.ray.app import RayServeArgs, build_app
+        from radixlm.ray.application import RayServeArgs, build_app
 
         return build_app(RayServeArgs(), ServerArgs())
     raise AttributeError(name)

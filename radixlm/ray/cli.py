@@ -21,7 +21,7 @@ def _run(ns: argparse.Namespace) -> None:
         print("radixlm serve-ray: Ray is not installed (pip install 'radixlm[ray]')",
               file=sys.stderr)
         sys.exit(1)
-    from radixlm.ray.app import build_app
+    from radixlm.ray.application import build_app
     from radixlm.runtime.process_utils import setup_logging
 
     server_args: ServerArgs = from_cli_args(ns, ServerArgs)

@@ -2,7 +2,7 @@
 group, the rendezvous address handed over by Ray.
 
 With `--nnodes N` the replica's deployment reserves N bundles, STRICT_SPREAD (one node
-each; app.py); Serve puts the replica in bundle 0. `start_tp_nodes`, run by the replica,
+each; application.py); Serve puts the replica in bundle 0. `start_tp_nodes`, run by the replica,
 picks the rendezvous HOST:PORT on its own node (torch.distributed's TCP store, where
 global rank 0 listens), and starts one `TPNodeRanks` actor in each bundle k = 1..N-1,
 which runs `radixlm serve --node-rank k --dist-init-addr HOST:PORT` (that node's scheduler

@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 from radixlm.config import ServerArgs  # noqa: E402
-from radixlm.ray.app import build_app  # noqa: E402
+from radixlm.ray.application import build_app  # noqa: E402
 from radixlm.ray.config import RayServeArgs  # noqa: E402
 from radixlm.ray.routed_request import REPLICA_HEADER  # noqa: E402
 from tests.process_tree import free_port  # noqa: E402

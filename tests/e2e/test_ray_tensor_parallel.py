@@ -15,7 +15,7 @@ serve = pytest.importorskip("ray.serve")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from radixlm.config import ServerArgs  # noqa: E402
-from radixlm.ray.app import build_app  # noqa: E402
+from radixlm.ray.application import build_app  # noqa: E402
 from radixlm.ray.config import RayServeArgs  # noqa: E402
 from tests.conftest import make_tiny_llama  # noqa: E402
 from tests.process_tree import free_port  # noqa: E402
