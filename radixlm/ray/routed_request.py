@@ -2,7 +2,7 @@
 the text the cache-aware policy reads.
 
 `RoutedRequest.prompt` is the routing text (router/request_text.py: the prompt, the chat
-messages rendered in order, or token ids written out), so radixlm's request router and
+messages rendered in order, or token ids written out; the path if none), so radixlm's request router and
 Ray's `PrefixCacheAffinityRouter` (which reads a `prompt` attribute) route on the same
 string. The body travels as the client sent it; the replica's engine validates it and
 answers bad input with its own 4xx. No Ray import here.
@@ -44,5 +44,8 @@ def routed_request(method: str, path: str, query: str, body: bytes,
     kept = {k: v for k, v in ((k.lower(), v) for k, v in headers.items())
             if k in FORWARDED_HEADERS}
     stream = isinstance(parsed, dict) and parsed.get("stream") is True
+    # No prompt (GET /v1/models, a malformed body): route by the path. Never "": Ray's
+    # PrefixCacheAffinityRouter divides by the text's length (ray 2.60).
+    text = routing_text(path, parsed) or path
     return RoutedRequest(method.upper(), path + (f"?{query}" if query else ""), body, kept,
-                         routing_text(path, parsed), stream)
+                         text, stream)

@@ -41,8 +41,9 @@ def test_routed_request_carries_the_routers_routing_text():
     ids = routed_request("POST", "/generate", "", b'{"input_ids": [1, 2, 3]}', {})
     assert ids.prompt == "1 2 3" and not ids.stream
     bad = routed_request("POST", "/v1/completions", "", b"{not json", {})
-    assert bad.prompt == "" and bad.body == b"{not json"  # the engine answers its 400
-    assert routed_request("GET", "/v1/models", "a=1", b"", {}).path == "/v1/models?a=1"
+    assert bad.prompt == "/v1/completions" and bad.body == b"{not json"  # the engine's 400
+    models = routed_request("GET", "/v1/models", "a=1", b"", {})
+    assert models.path == "/v1/models?a=1" and models.prompt == "/v1/models"  # never ""
 
 
 def test_server_flags_rebuild_the_server_args():
