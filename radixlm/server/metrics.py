@@ -10,6 +10,7 @@ To add a metric, append a `MetricDef` to `ENGINE_METRICS` (or pass extra ones to
 `EngineMetrics`): a name, a help text, "gauge" or "counter", and a function of the
 Snapshot; return None when the value is unknown (e.g. no PoolStats) and it is left out.
 Every metric carries the label `model_name`. Counters get Prometheus' `_total` suffix.
+The routing gauges Kubernetes reads are also exported under vLLM's and SGLang's names.
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ ENGINE_METRICS: list[MetricDef] = [
               lambda s: float(s.generation_tokens_total)),
     MetricDef("radixlm_cached_prompt_tokens", "Prompt tokens served from the radix cache at "
               "admission (scheduler side).", "counter", _pool(lambda s: s.cached_tokens_total)),
+    # --- what Kubernetes routers read (docs/deploy.md): the Gateway API Inference
+    # Extension's model-server protocol and llm-d, under vLLM's names and SGLang's ----------
+    *(MetricDef(name, doc, "gauge", value) for names, doc, value in [
+        (("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+         "Requests waiting to be admitted (TotalQueuedRequests).", _pool(lambda s: s.waiting)),
+        (("vllm:num_requests_running", "sglang:num_running_reqs"),
+         "Requests in the running batch (TotalRunningRequests).", _pool(lambda s: s.running)),
+        (("vllm:kv_cache_usage_perc", "sglang:token_usage"),
+         "KV slots held by requests / all KV slots, 0..1 (KVCacheUtilization; the radix "
+         "cache's evictable slots count as free).",
+         _pool(lambda s: s.held_by_requests / s.total_kv_slots if s.total_kv_slots else 0.0)),
+    ] for name in names),
 ]
 
 
