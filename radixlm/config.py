@@ -156,6 +156,25 @@ class ServerArgs:
         False, "Decode the text a grammar forces (e.g. a JSON schema's property names) token "
         "by token instead of appending it at once, canonically tokenized "
         "(radixlm/constrained/jump_forward.py, docs/architecture.md).")
+    speculative_algorithm: str | None = _opt(
+        None, "Speculative decoding (radixlm/speculative/): NGRAM drafts by prompt lookup in "
+        "the request's own prompt and output; SUFFIX drafts the continuation of the request's "
+        "tokens cached in the radix tree (other requests' prompts and outputs). Drafts are "
+        "verified in one forward; greedy outputs are unchanged, sampled ones keep the target's "
+        "distribution. Off for constrained, penalized and deterministic runs "
+        "(docs/speculative.md).", ["NGRAM", "SUFFIX", "STANDALONE"])
+    speculative_num_draft_tokens: int = _opt(
+        4, "Most draft tokens verified per request per step.")
+    speculative_num_steps: int | None = _opt(
+        None, "Draft chain depth (draft-model steps); NGRAM/SUFFIX draft chains of "
+        "min(this, --speculative-num-draft-tokens) tokens. Default: the draft tokens.")
+    speculative_draft_model_path: str | None = _opt(
+        None, "Draft model for STANDALONE (not implemented yet: refused).")
+    speculative_ngram_min: int = _opt(2, "NGRAM: shortest suffix (tokens) looked up.")
+    speculative_ngram_max: int = _opt(5, "NGRAM: longest suffix (tokens) looked up first.")
+    speculative_disable_by_batch_size: int = _opt(
+        4, "Speculate only while at most this many requests decode (above it verifying "
+        "drafts costs more than the tokens it saves; measured in docs/benchmarks.md).")
     tool_call_parser: str | None = _opt(
         None, "How tool calls are found in the model's text for tool_choice 'auto' "
         "(radixlm/server/tool_parsers/): hermes, qwen25, llama3_json, smollm2. Default: "

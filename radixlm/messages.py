@@ -95,6 +95,9 @@ class PoolStats:
     # Constrained decoding counters (GrammarStats.as_dict()); None before the first
     # constrained request.
     grammar: dict[str, float] | None = None
+    # Speculative decoding counters (SpecStats.as_dict(): algorithm, drafted, accepted,
+    # accept_hist, ...); None when --speculative-algorithm is off.
+    speculative: dict | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

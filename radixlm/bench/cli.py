@@ -112,6 +112,17 @@ def _dashboard(ns: argparse.Namespace) -> None:
     print(dashboard_table(run_dashboard_bench(cfg)))
 
 
+def _spec(ns: argparse.Namespace) -> None:
+    from radixlm.bench.spec import SpecBenchConfig, run_spec_bench, spec_table
+
+    cfg = SpecBenchConfig(model=ns.model, algorithms=tuple(ns.algorithms),
+                          max_tokens=ns.max_tokens, random_prompts=ns.random_prompts,
+                          streams=tuple(ns.streams), stream_max_tokens=ns.stream_max_tokens,
+                          engine_args=dict(ns.engine_arg), output_file=ns.output_file,
+                          seed=ns.seed)
+    print(spec_table(run_spec_bench(cfg)))
+
+
 def _structured(ns: argparse.Namespace) -> None:
     from radixlm.bench.structured import (StructuredBenchConfig, run_structured_bench,
                                           structured_table)
@@ -417,6 +428,19 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     db.add_argument("--repeat", type=int, default=3)
     db.add_argument("--seed", type=int, default=0)
     db.set_defaults(func=_dashboard)
+
+    sp = sub.add_parser("spec", help="Speculative decoding on vs off through the HTTP API "
+                        "(fresh server per configuration): copy-heavy, repeating chat, random, "
+                        "and random at N streams; tok/s ratios and acceptance lengths.")
+    _common(sp, threads=False)
+    _add_engine_arg(sp)
+    sp.add_argument("--algorithms", nargs="+", default=["NGRAM", "SUFFIX"])
+    sp.add_argument("--max-tokens", type=int, default=256)
+    sp.add_argument("--random-prompts", type=int, default=4)
+    sp.add_argument("--streams", type=int, nargs="*", default=[8, 32])
+    sp.add_argument("--stream-max-tokens", type=int, default=64)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=_spec)
 
     ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "
                         "throughput ratio and the device bubble.")

@@ -12,6 +12,7 @@ def build_scheduler(args: ServerArgs, ctx=None):
     from radixlm.executor.model_runner import ModelRunner
     from radixlm.models import resolve_model_path
     from radixlm.scheduler.scheduler import Scheduler
+    from radixlm.speculative.controller import SpecConfig
     from radixlm.tokenizer.loader import load_tokenizer
 
     model_path = resolve_model_path(args.model)
@@ -31,7 +32,8 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device),
                       grammar_compile_timeout=args.grammar_compile_timeout,
                       grammar_synchronous=args.tp_size > 1,
-                      disable_jump_forward=args.disable_jump_forward)
+                      disable_jump_forward=args.disable_jump_forward,
+                      speculative=SpecConfig.from_args(args))
     return sched, tokenizer
 
 

@@ -47,6 +47,7 @@ from radixlm.scheduler.request_kv import RequestKV
 from radixlm.scheduler.request_oom import fail_oom_requests
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.schedule_batch import OutOfKVSlots, ScheduleBatch
+from radixlm.speculative.controller import SpecConfig
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class Scheduler:
                  new_token_ratio_decay: float | None = None,
                  enable_mixed_chunk: bool = False, overlap: bool = True,
                  grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False,
-                 disable_jump_forward: bool = False) -> None:
+                 disable_jump_forward: bool = False,
+                 speculative: SpecConfig | None = None) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -127,6 +129,8 @@ class Scheduler:
                                                grammar_compile_timeout,
                                                synchronous=grammar_synchronous)
         self.constrained.snapshot_generators = overlap and self.jump_forward is not None
+        # Speculative decoding (radixlm/speculative/): a verify step replaces a decode step.
+        self.speculative = None if speculative is None else speculative.build(self.tree_cache)
         # GET /dashboard's step history and snapshots; records only while a page watches.
         self.dashboard = DashboardProbe()
         self.oom = OOMRecovery(self.kv, self.queues, self.limits, runner, chunked_prefill_size,
@@ -365,6 +369,8 @@ class Scheduler:
             batch.prepare_for_extend()  # the adder's KV budget guarantees the slots
             return batch
         if self.running:
+            if self.speculative is not None and self.speculative.run_step(self):
+                return None  # a verify step ran and was processed in place of a decode
             return self._decode_batch()
         return None
 
@@ -603,4 +609,6 @@ class Scheduler:
                          cached_tokens_total=self.cached_tokens_total,
                          cache_hit_rate=self.cache_hit_rate,
                          step_timing=self.worker.timer.as_dict(), overlap=self.overlap,
-                         grammar=None if (g := self.constrained.stats) is None else g.as_dict())
+                         grammar=None if (g := self.constrained.stats) is None else g.as_dict(),
+                         speculative=(None if self.speculative is None
+                                      else self.speculative.stats.as_dict()))

@@ -40,6 +40,7 @@ from radixlm.server.extensions import (DetokenizeRequest, TokenizeRequest, exten
                                        model_card)
 from radixlm.server.http_util import ClientDisconnected, SSEResponse, check_json_body
 from radixlm.server.grammar_metrics import GRAMMAR_METRICS
+from radixlm.server.spec_metrics import SPEC_METRICS
 from radixlm.server.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Snapshot
 from radixlm.server.native import generate_native
 from radixlm.server.openapi_bodies import install_request_bodies
@@ -162,7 +163,7 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
                                                  tm.cuda_graph_batch_sizes, tm.dtype, threads))
 
     metrics = EngineMetrics(model_name, [*tm.admission.metric_defs(lambda: tm.num_running),
-                                         *GRAMMAR_METRICS])
+                                         *GRAMMAR_METRICS, *SPEC_METRICS])
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:

@@ -118,7 +118,9 @@ def _run_and_check(engine: Engine, **kw) -> list[str]:
     {"disable_overlap_schedule": False},
     {"disable_overlap_schedule": True, "chunked_prefill_size": 8},
     {"disable_overlap_schedule": False, "chunked_prefill_size": 8},
-], ids=["serial", "overlap", "chunk8-serial", "chunk8-overlap"])
+    # Speculation is off while a constrained request runs (radixlm/speculative/controller.py).
+    {"disable_overlap_schedule": True, "speculative_algorithm": "NGRAM"},
+], ids=["serial", "overlap", "chunk8-serial", "chunk8-overlap", "spec-ngram"])
 def test_outputs_validate(make_engine, config) -> None:
     engine = make_engine(**config)
     greedy = _run_and_check(engine)

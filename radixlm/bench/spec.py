@@ -1,0 +1,208 @@
+"""`radixlm bench spec`: speculative decoding on vs off through the HTTP API, side by side.
+
+For each configuration (off, then each --algorithms entry) a fresh `radixlm serve` is started
+with the same flags plus --speculative-algorithm, warmed with one request, and runs, in order:
+copy-heavy (edit a ~300-token code snippet, summarize a passage with quotes), a multi-turn
+chat whose later turn asks to repeat the earlier answer (then the whole conversation is
+replayed: SUFFIX's case), random prompts (single stream, greedy); then random prompts at
+each --streams concurrency. Reported: output tok/s per workload and configuration, the
+ratio to off, and the acceptance (drafted, accepted, mean acceptance length) read from
+/get_server_info after each workload. Timings on a shared machine are labelled by the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from radixlm.bench.report import append_json_line, format_table, machine_info, utc_now
+from radixlm.bench.server_proc import LaunchedServer, radixlm_spec
+
+CODE = '''import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Inventory:
+    """Items in a store, with their prices and quantities."""
+    items: dict[str, float] = field(default_factory=dict)
+    quantities: dict[str, int] = field(default_factory=dict)
+
+    def add_item(self, name: str, price: float, quantity: int = 1) -> None:
+        if price < 0:
+            raise ValueError("price must not be negative")
+        self.items[name] = price
+        self.quantities[name] = self.quantities.get(name, 0) + quantity
+
+    def remove_item(self, name: str, quantity: int = 1) -> None:
+        if name not in self.quantities:
+            raise KeyError(name)
+        self.quantities[name] -= quantity
+        if self.quantities[name] <= 0:
+            del self.quantities[name]
+            del self.items[name]
+
+    def total_value(self) -> float:
+        total = 0.0
+        for name, price in self.items.items():
+            total += price * self.quantities[name]
+        return total
+
+    def to_json(self) -> str:
+        return json.dumps({"items": self.items, "quantities": self.quantities})
+'''
+PASSAGE = ('The committee met on Tuesday to review the new library plan. "We need more '
+           'space for children," said the chair, Maria Lopez. The architect, Tom Reed, '
+           'answered: "The second floor can hold a reading room of two hundred square '
+           'meters." Several members worried about the cost. "The budget is fixed at four '
+           'million," the treasurer reminded everyone. In the end the committee voted to '
+           'ask for a revised design by March, with "a quiet room for study" added.')
+COPY_PROMPTS = [
+    "Rename the class Inventory to Store in this code and output the complete code:\n\n" + CODE,
+    "Add a docstring to the method total_value and output the complete code:\n\n" + CODE,
+    "Summarize this passage, quoting every sentence in quotation marks exactly:\n\n" + PASSAGE,
+]
+CHAT_QUESTIONS = ["Explain in a few sentences how a bicycle gear works.",
+                  "Describe how bread rises, in a short paragraph."]
+REPEAT_ASK = "Thank you. Please repeat your previous answer word for word."
+WORDS = ("river stone blue market quietly seven paper window engine garden orange "
+         "history cloud simple travel metal forest music letter bright winter coffee "
+         "planet number yellow ocean silver mountain teacher island").split()
+
+
+@dataclass(frozen=True)
+class SpecBenchConfig:
+    model: str | None = None
+    algorithms: tuple[str, ...] = ("NGRAM", "SUFFIX")
+    max_tokens: int = 256
+    random_prompts: int = 4
+    streams: tuple[int, ...] = (8, 32)
+    stream_max_tokens: int = 64
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    output_file: str | None = None
+    startup_timeout_s: float = 900.0
+    seed: int = 0
+
+
+def _random_prompt(rng: random.Random) -> str:
+    return "Continue this list of words: " + " ".join(rng.choice(WORDS) for _ in range(40))
+
+
+async def _chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> tuple[str, int]:
+    r = await client.post("/v1/chat/completions", json={
+        "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    r.raise_for_status()
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]
+
+
+async def _sequential(base: str, convs: list[list[dict]], max_tokens: int) -> tuple[int, float]:
+    async with httpx.AsyncClient(base_url=base, timeout=None) as c:
+        t0, toks = time.perf_counter(), 0
+        for m in convs:
+            toks += (await _chat(c, m, max_tokens))[1]
+        return toks, time.perf_counter() - t0
+
+
+async def _repeat_chat(base: str, max_tokens: int) -> tuple[int, float]:
+    """Turn 1, then a turn asking to repeat it, then the whole conversation replayed."""
+    async with httpx.AsyncClient(base_url=base, timeout=None) as c:
+        t0, toks = time.perf_counter(), 0
+        for q in CHAT_QUESTIONS:
+            msgs = [{"role": "user", "content": q}]
+            answer, n = await _chat(c, msgs, max_tokens)
+            msgs += [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": REPEAT_ASK}]
+            toks += n + (await _chat(c, msgs, max_tokens))[1]
+            toks += (await _chat(c, msgs, max_tokens))[1]  # the replayed conversation
+        return toks, time.perf_counter() - t0
+
+
+async def _concurrent(base: str, prompts: list[str], streams: int, max_tokens: int) -> tuple[int, float]:
+    sem = asyncio.Semaphore(streams)
+    async with httpx.AsyncClient(base_url=base, timeout=None,
+                                 limits=httpx.Limits(max_connections=streams + 4)) as c:
+        async def one(p: str) -> int:
+            async with sem:
+                return (await _chat(c, [{"role": "user", "content": p}], max_tokens))[1]
+        t0 = time.perf_counter()
+        toks = sum(await asyncio.gather(*(one(p) for p in prompts)))
+        return toks, time.perf_counter() - t0
+
+
+def _spec_stats(base: str) -> dict | None:
+    info = httpx.get(base + "/get_server_info", timeout=30).json()
+    return info.get("pool", {}).get("speculative")
+
+
+def _delta(after: dict | None, before: dict | None) -> dict | None:
+    if after is None:
+        return None
+    b = before or {}
+    d = {k: after[k] - b.get(k, 0) for k in ("verify_steps", "verifies", "drafted", "accepted")}
+    d["mean_acceptance_length"] = round(1 + d["accepted"] / d["verifies"], 2) if d["verifies"] else None
+    return d
+
+
+def _workloads(cfg: SpecBenchConfig):
+    rng = random.Random(cfg.seed)
+    randoms = [_random_prompt(rng) for _ in range(cfg.random_prompts)]
+    yield "copy-heavy", lambda b: _sequential(
+        b, [[{"role": "user", "content": p}] for p in COPY_PROMPTS], cfg.max_tokens)
+    yield "repeat-chat", lambda b: _repeat_chat(b, cfg.max_tokens)
+    yield "random", lambda b: _sequential(
+        b, [[{"role": "user", "content": p}] for p in randoms], cfg.max_tokens)
+    for s in cfg.streams:
+        many = [_random_prompt(rng) for _ in range(2 * s)]
+        yield f"random x{s} streams", (lambda b, s=s, many=many: _concurrent(
+            b, many, s, cfg.stream_max_tokens))
+
+
+def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for alg in (None, *cfg.algorithms):
+        args = dict(cfg.engine_args)
+        if alg:
+            args["speculative_algorithm"] = alg
+        spec = radixlm_spec(alg or "off", cfg.model, args)
+        log(f"starting {' '.join(spec.cmd)}")
+        with LaunchedServer(spec, cfg.startup_timeout_s):
+            base = spec.base_url
+            asyncio.run(_sequential(base, [[{"role": "user", "content": "Hello"}]], 8))  # warm
+            for name, work in _workloads(cfg):
+                before = _spec_stats(base)
+                load = os.getloadavg()[0]
+                toks, dt = asyncio.run(work(base))
+                run = {"config": alg or "off", "workload": name, "tokens": toks,
+                       "seconds": round(dt, 2), "tok_s": round(toks / dt, 2),
+                       "loadavg": round(load, 2), "spec": _delta(_spec_stats(base), before)}
+                runs.append(run)
+                log(f"{run['config']:>6} {name:<18} {run['tok_s']:7.1f} tok/s "
+                    f"({toks} tok, {dt:.1f} s, load {load:.1f}) {run['spec']}")
+    record = {"bench": "spec", "date": utc_now(), "machine": machine_info(),
+              "config": {k: v for k, v in cfg.__dict__.items() if k != "output_file"},
+              "runs": runs}
+    if cfg.output_file:
+        append_json_line(cfg.output_file, record)
+    return record
+
+
+def spec_table(record: dict[str, Any]) -> str:
+    runs = record["runs"]
+    off = {r["workload"]: r["tok_s"] for r in runs if r["config"] == "off"}
+    rows = []
+    for r in runs:
+        sp = r["spec"] or {}
+        rows.append([r["workload"], r["config"], r["tok_s"],
+                     round(r["tok_s"] / off[r["workload"]], 3) if off.get(r["workload"]) else "",
+                     sp.get("mean_acceptance_length") or "", sp.get("accepted", ""),
+                     sp.get("drafted", ""), r["loadavg"]])
+    rows.sort(key=lambda row: (row[0], row[1] != "off", row[1]))
+    return format_table(["workload", "config", "tok/s", "x off", "accept len", "accepted",
+                         "drafted", "load"], rows)

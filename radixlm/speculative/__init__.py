@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters behind one interface and the verify step (docs/speculative.md)."""

@@ -1,0 +1,203 @@
+"""SpeculativeDecoding: the scheduler's hook that replaces a decode step by a verify step.
+
+`run_step(sched)` is called where the scheduler would build a DECODE batch. It speculates
+only when every running request can ride (no grammar, penalty or jump-forward), at most
+`max_batch_size` decode, and some request has a draft. Pipelining: drafts are first proposed
+from the state the scheduler knows (one step behind under overlap); only if one exists is
+the launched batch finished (so the step is serial), the drafts re-proposed from the exact
+tokens, and the verify batch run and processed at once. Steps without drafts keep overlap.
+Acceptance: row j's target token t_j (greedy argmax, or a draw of the request's generator
+from the target's distribution: for a point-mass draft, taking draft d iff t_j == d is exact
+rejection sampling, the emitted t_j on a mismatch follows the residual p - d, normalized);
+accepted = longest prefix with d_{j+1} == t_j, then t_m is the bonus token. Tokens go
+through the usual stop checks one by one (a stop drops the rest); then kv_len is rolled back
+to seq_len - 1 (rejected positions' slots free at once; only accepted K/V reaches the cache).
+Adaptive: a request whose drafts miss twice in a row stops drafting for 2, 4, ... 64 steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixlm.executor.forward_worker import ForwardTask
+from radixlm.forward_batch import ForwardMode
+from radixlm.scheduler.request_oom import fail_oom_requests
+from radixlm.scheduler.schedule_batch import OutOfKVSlots
+from radixlm.speculative.drafter import Drafter
+from radixlm.speculative.factory import make_drafter
+from radixlm.speculative.stats import SpecStats
+from radixlm.speculative.verify_batch import prepare_verify
+
+if TYPE_CHECKING:
+    from radixlm.mem.radix_cache import RadixCache
+    from radixlm.scheduler.req import Req
+
+# The Scheduler (scheduler/scheduler.py, which imports this module): its running queue,
+# inflight batch, worker, kv (RequestKV), queues, output_processor, outbox, _batch, _answer,
+# finish_inflight, context_len and dashboard are what a verify step uses.
+Scheduler = Any
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF = 64
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The --speculative-* flags a scheduler needs; `from_args` is None when off."""
+    algorithm: str
+    num_draft_tokens: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 5
+    max_batch_size: int = 4
+
+    @classmethod
+    def from_args(cls, args) -> "SpecConfig | None":
+        """None without --speculative-algorithm, and under
+        --enable-deterministic-inference (speculation is turned off there: a verify
+        forward's extend rows would not be bit-identical to decode steps)."""
+        if args.speculative_algorithm is None:
+            return None
+        if args.speculative_draft_model_path is not None or args.speculative_algorithm == "STANDALONE":
+            raise ValueError("--speculative-algorithm STANDALONE (a draft model) is not "
+                             "implemented yet; use NGRAM or SUFFIX")
+        if args.enable_deterministic_inference:
+            logger.warning("--enable-deterministic-inference: speculative decoding is off")
+            return None
+        k = args.speculative_num_draft_tokens
+        if args.speculative_num_steps is not None:
+            k = min(k, args.speculative_num_steps)
+        return cls(args.speculative_algorithm, k, args.speculative_ngram_min,
+                   args.speculative_ngram_max, args.speculative_disable_by_batch_size)
+
+    def build(self, tree_cache: "RadixCache") -> "SpeculativeDecoding":
+        return SpeculativeDecoding(make_drafter(self.algorithm, tree_cache, self.ngram_min,
+                                                self.ngram_max),
+                                   self.num_draft_tokens, self.max_batch_size)
+
+
+@dataclass
+class _ReqState:
+    misses: int = 0  # verifications in a row that accepted nothing
+    backoff: int = 1
+    skip_until: int = 0  # this controller's step count before which it does not draft
+
+
+class SpeculativeDecoding:
+    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_batch_size: int) -> None:
+        if num_draft_tokens < 1:
+            raise ValueError(f"--speculative-num-draft-tokens must be >= 1, got {num_draft_tokens}")
+        self.drafter = drafter
+        self.k = num_draft_tokens
+        self.max_batch_size = max_batch_size
+        self.stats = SpecStats(drafter.name, num_draft_tokens)
+        self._state: dict[str, _ReqState] = {}
+        self._steps = 0
+
+    @staticmethod
+    def can_ride(req: "Req") -> bool:
+        """Whether a request may join a verify batch (its sampling needs nothing per step
+        that a multi-row verify would get wrong: grammar masks, penalty counts)."""
+        return req.grammar is None and req.jump_from is None and not req.uses_penalties
+
+    def _budgets(self, reqs: list["Req"], context_len: int) -> list[int]:
+        out = []
+        for r in reqs:
+            st = self._state.setdefault(r.rid, _ReqState())
+            room = min(r.remaining_new_tokens, context_len - r.seq_len) - 1
+            out.append(0 if st.skip_until > self._steps else max(0, min(self.k, room)))
+        return out
+
+    def _propose(self, reqs: list["Req"], context_len: int) -> list[list[int]]:
+        drafts = self.drafter.propose(reqs, self._budgets(reqs, context_len))
+        return [d.tokens[:self.k] for d in drafts]
+
+    def run_step(self, sched: "Scheduler") -> bool:
+        """Run one verify step in place of a decode step; False: decode as usual."""
+        self._steps += 1
+        self._forget_gone(sched.running)
+        reqs = list(sched.running)
+        if (not reqs or len(reqs) > self.max_batch_size
+                or not all(self.can_ride(r) for r in reqs)):
+            return False
+        if not any(self._propose(reqs, sched.context_len)):  # known state (overlap: lagged)
+            return False
+        if sched.inflight is not None:
+            sched.finish_inflight()  # exact tokens: this step is serial
+            reqs = list(sched.running)
+            if not reqs:
+                return True
+        drafts = self._propose(reqs, sched.context_len)
+        if not any(drafts):
+            return False
+        batch = sched._batch(reqs, ForwardMode.EXTEND)
+        try:
+            fb = prepare_verify(batch, drafts)
+        except OutOfKVSlots:
+            return False  # the decode path retracts if even one token each does not fit
+        batch.commit_kv()
+        row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
+        positions = [p + 1 for p in fb.positions.tolist()]
+        task = ForwardTask(forward_batch=fb, sampling_reqs=row_reqs, keep=None,
+                           rows=torch.tensor([r.req_pool_idx for r in row_reqs], dtype=torch.int64),
+                           positions=positions)
+        for r in reqs:
+            r.inflight += 1
+        try:
+            sampled = sched.worker.wait(sched.worker.launch(task))
+        finally:
+            for r in reqs:
+                r.inflight -= 1
+        self.stats.verify_steps += 1
+        if sampled is not None and sampled.failed:
+            fail_oom_requests(batch, sampled.failed, sched.kv, sched.queues, sched._answer,
+                              sched.dashboard.note_oom)
+        ok = sampled is not None and len(sampled.next_token_ids) == len(row_reqs)
+        targets = sampled.next_token_ids.tolist() if ok else []
+        lps = sampled.token_logprobs() if ok else []
+        s = 0
+        for r, d in zip(reqs, drafts):
+            rows = slice(s, s + len(d) + 1)
+            s += len(d) + 1
+            if ok and not r.finished:
+                self._accept(sched, r, d, targets[rows], lps[rows])
+            sched.kv.roll_back(r, r.seq_len - 1)
+        return True
+
+    def _accept(self, sched: "Scheduler", req: "Req", draft: list[int], targets: list[int],
+                lps: list) -> None:
+        m = 0
+        while m < len(draft) and draft[m] == targets[m]:
+            m += 1
+        if draft:
+            self.stats.record(len(draft), m)
+            st = self._state.setdefault(req.rid, _ReqState())
+            if m == 0:
+                st.misses += 1
+                if st.misses >= 2:
+                    st.skip_until = self._steps + st.backoff
+                    st.backoff = min(2 * st.backoff, MAX_BACKOFF)
+                    st.misses = 0
+            else:
+                st.misses, st.backoff = 0, 1
+        op = sched.output_processor
+        for tok, lp in zip(targets[:m + 1], lps[:m + 1]):
+            req.output_ids.append(tok)
+            if lp is not None:
+                req.pending_logprobs.append(lp)
+            op.check_finished(req, tok)
+            if req.finished:
+                break  # the tokens after a stop are dropped
+        if req.stream and not req.finished:
+            sched.outbox.append(op.make_output(req))
+
+    def _forget_gone(self, running: list["Req"]) -> None:
+        if len(self._state) > 2 * len(running) + 16:
+            live = {r.rid for r in running}
+            for rid in [rid for rid in self._state if rid not in live]:
+                del self._state[rid]
+                self.drafter.forget(rid)

@@ -1,0 +1,81 @@
+"""The drafters of radixlm/speculative/: NGRAM's longest-suffix prompt lookup (incremental
+index, latest occurrence), SUFFIX's continuation in the radix tree (read-only, most recent
+branch), and the factory's refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.mem import KVSlotAllocator, ReqToTokenPool
+from radixlm.mem.radix_cache import RadixCache
+from radixlm.sampling_params import SamplingParams
+from radixlm.scheduler.req import Req
+from radixlm.speculative.factory import make_drafter
+from radixlm.speculative.ngram import NgramDrafter
+from radixlm.speculative.suffix import SuffixDrafter
+
+
+def req(ids: list[int], out: list[int] = (), rid: str = "r") -> Req:
+    return Req(rid=rid, input_ids=list(ids), sampling_params=SamplingParams(),
+               output_ids=list(out))
+
+
+def test_ngram_longest_suffix_latest_occurrence():
+    d = NgramDrafter(1, 3)
+    # "5 6" occurs twice, followed by 7 then by 9; the suffix "4 5 6" only once (-> 7 8).
+    r = req([4, 5, 6, 7, 8, 1, 5, 6, 9, 2, 4, 5, 6])
+    assert d.propose([r], [2])[0].tokens == [7, 8]
+    r2 = req([5, 6, 7, 1, 5, 6, 9, 3, 5, 6], rid="r2")
+    assert d.propose([r2], [3])[0].tokens == [9, 3, 5]  # "5 6": the latest earlier one
+    assert d.propose([req([1, 2, 3], rid="r3")], [4])[0].tokens == []
+    assert d.propose([r], [0])[0].tokens == []
+
+
+def test_ngram_index_grows_with_the_output():
+    d = NgramDrafter(2, 2)
+    r = req([10, 11, 12, 13])
+    assert d.propose([r], [3])[0].tokens == []
+    r.output_ids += [10, 11]  # now "10 11" repeats: continue with 12 13 10
+    assert d.propose([r], [3])[0].tokens == [12, 13, 10]
+    r.output_ids += [12, 99]
+    assert d.propose([r], [3])[0].tokens == []
+    d.forget("r")
+    assert d._index == {}
+
+
+def _tree(seqs: list[list[int]], page_size: int = 1) -> RadixCache:
+    alloc = KVSlotAllocator(256, torch.device("cpu"), page_size=page_size)
+    cache = RadixCache(ReqToTokenPool(4, 64, torch.device("cpu")), alloc, page_size=page_size)
+    for s in seqs:
+        cache.insert(s, alloc.alloc(len(s)))
+    return cache
+
+
+def test_suffix_follows_the_most_recent_branch():
+    cache = _tree([[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8]])  # the second is the most recent
+    d = SuffixDrafter(cache)
+    assert d.propose([req([1, 2], [3])], [3])[0].tokens == [7, 8]
+    assert d.propose([req([1, 2, 3, 4])], [5])[0].tokens == [5, 6]
+    assert d.propose([req([1, 2])], [2])[0].tokens == [3, 7]
+    assert d.propose([req([9, 2])], [2])[0].tokens == []
+    assert d.propose([req([1, 2, 3, 4, 5, 6])], [2])[0].tokens == []
+    before = [(n.id, list(n.key), n.last_access_time) for n in cache._iter_nodes()]
+    assert [(n.id, list(n.key), n.last_access_time) for n in cache._iter_nodes()] == before
+
+
+def test_suffix_with_pages():
+    cache = _tree([[1, 2, 3, 4, 5, 6, 7, 8]], page_size=2)
+    d = SuffixDrafter(cache)
+    assert d.propose([req([1, 2, 3])], [3])[0].tokens == [4, 5, 6]
+    assert d.propose([req([1, 2, 3, 4])], [3])[0].tokens == [5, 6, 7]
+
+
+def test_factory():
+    cache = _tree([])
+    assert make_drafter("ngram", cache).name == "NGRAM"
+    assert make_drafter("SUFFIX", cache).name == "SUFFIX"
+    with pytest.raises(ValueError, match="not implemented"):
+        make_drafter("STANDALONE", cache)
+    with pytest.raises(ValueError):
+        NgramDrafter(3, 2)
