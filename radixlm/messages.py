@@ -41,9 +41,11 @@ class PoolStatsReq:
 
 @dataclass(slots=True)
 class FlushCacheReq:
-    """Empty the radix cache; refused while requests are running or waiting."""
+    """Empty the radix cache (`storage`: the hicache's storage tier too); refused while
+    requests are running or waiting."""
 
     rid: str
+    storage: bool = False
 
 
 @dataclass(slots=True)
@@ -95,6 +97,8 @@ class PoolStats:
     # Constrained decoding counters (GrammarStats.as_dict()); None before the first
     # constrained request.
     grammar: dict[str, float] | None = None
+    # Hierarchical cache counters and tier sizes (HiRadixCache.stats()); None when off.
+    hicache: dict[str, Any] | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

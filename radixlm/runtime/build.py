@@ -11,6 +11,7 @@ def build_scheduler(args: ServerArgs, ctx=None):
     `ctx`: the tensor-parallel rank (a ParallelContext; None: single process)."""
     from radixlm.executor.model_runner import ModelRunner
     from radixlm.models import resolve_model_path
+    from radixlm.runtime.hicache_setup import hicache_config
     from radixlm.scheduler.scheduler import Scheduler
     from radixlm.tokenizer.loader import load_tokenizer
 
@@ -31,7 +32,8 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       overlap=use_overlap_schedule(args.disable_overlap_schedule, runner.device),
                       grammar_compile_timeout=args.grammar_compile_timeout,
                       grammar_synchronous=args.tp_size > 1,
-                      disable_jump_forward=args.disable_jump_forward)
+                      disable_jump_forward=args.disable_jump_forward,
+                      hicache=hicache_config(args, runner, model_path))
     return sched, tokenizer
 
 
