@@ -89,6 +89,10 @@ class HiRadixCache(RadixCache):
 
     # --- writes -----------------------------------------------------------------------------
 
+    def _block_keys(self, tokens: list[int]) -> list[bytes]:
+        """Storage keys of the whole blocks of `tokens`."""
+        return block_keys(self.fp, tokens, self.block)
+
     def _write(self, tokens: list[int], slots: torch.Tensor, first_block: int) -> int:
         """Queue the whole blocks of `tokens` (their K/V in `slots`) from `first_block` on
         that the storage tier lacks; returns how many were queued."""

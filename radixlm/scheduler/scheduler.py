@@ -308,14 +308,17 @@ class Scheduler:
         return out
 
     def _poll_loads(self) -> None:
-        """Requests whose prefix the hicache loaded back go to the head of the queue (an
-        aborted one is answered); with nothing else to do, wait a little for one."""
+        """Requests whose prefix the hicache loaded back go to the head of the queue, behind
+        chunked prefills in progress (which must finish first); an aborted one is answered.
+        With nothing else to do, wait a little for one."""
         idle = not (self.waiting or self.running or self.inflight)
+        at = next((i for i, r in enumerate(self.waiting) if r.req_pool_idx is None),
+                  len(self.waiting))
         for req in reversed(self.tree_cache.poll_loads(timeout=0.01 if idle else 0.0)):
             if req.finished:
                 self._answer(req)
             else:
-                self.waiting.appendleft(req)
+                self.waiting.insert(at, req)
 
     def _retire_finished(self) -> None:
         """Running requests found finished (or aborted) leave `running` and get their last
