@@ -239,6 +239,7 @@ class HiRadixCache(RadixCache):
                 "storage_tokens": self.store.num_blocks() * self.block,
                 "storage_capacity_bytes": self.store.capacity_bytes,
                 "storage_capacity_tokens": self.store.capacity_bytes // self.token_bytes,
+                "host_capacity_tokens": 0, "host_capacity_bytes": 0,  # no host tier
                 "storage_bad_files_deleted": self.store.deleted_bad,
                 "load_bytes": c["blocks_loaded"] * self.store.block_bytes,
                 "loading": len(self._loading), "storage_dir": str(self.store.dir)}

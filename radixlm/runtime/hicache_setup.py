@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from radixlm.config import ServerArgs
 from radixlm.mem.hi_radix_cache import HiCacheConfig, storage_block_tokens
 from radixlm.mem.kv_fingerprint import KVFingerprint, rope_signature, weights_sha256
+from radixlm.planning.tier_plan import TierPlan
 from radixlm.planning.units import parse_size
 from radixlm.runtime.cache_dir import cache_root
 
@@ -42,6 +43,9 @@ def hicache_config(args: ServerArgs, runner: "ModelRunner", model_path: str) -> 
         logger.warning("hicache: --hicache-ratio/--hicache-size ignored: no host tier "
                        "(docs/memory.md, 'Hierarchical cache')")
     storage_dir = args.hicache_storage_dir or str(cache_root() / "hicache")
+    tiers = TierPlan(runner.plan.kv_bytes_per_token, parse_size(args.hicache_storage_size))
+    logger.info("%s\n  storage dir: %s", "\n".join(tiers.lines(runner.plan.kv_tokens)),
+                storage_dir)
     return HiCacheConfig(storage_dir=storage_dir, storage_bytes=parse_size(args.hicache_storage_size),
                          write_policy=args.hicache_write_policy, fingerprint=fp,
                          sync_loads=runner.ctx.tp_size > 1)
