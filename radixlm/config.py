@@ -175,6 +175,32 @@ class ServerArgs:
     speculative_disable_by_batch_size: int = _opt(
         4, "Speculate only while at most this many requests decode (above it verifying "
         "drafts costs more than the tokens it saves; measured in docs/benchmarks.md).")
+    enable_hierarchical_cache: bool = _opt(
+        False, "Hierarchical KV cache (SGLang's HiCache): device pages the radix cache "
+        "evicts are demoted to a storage tier of files instead of dropped, matches continue "
+        "into it and load those pages back asynchronously, and the files survive restarts "
+        "(radixlm/mem/hi_radix_cache.py, docs/memory.md).")
+    hicache_ratio: float = _opt(
+        2.0, "Host tier size as a multiple of the device KV pool (SGLang's flag). Accepted "
+        "for compatibility; radixlm has no host tier yet (on the CPU it would be the same "
+        "RAM as the device pool; docs/memory.md, 'Hierarchical cache').")
+    hicache_size: int = _opt(
+        0, "Host tier size in GB, overriding --hicache-ratio (SGLang's flag; accepted, "
+        "no host tier yet).")
+    hicache_write_policy: str = _opt(
+        "write_through", "When pages reach the storage tier: write_through (when a request "
+        "finishes, and on eviction), write_through_selective (finishing requests only if "
+        "they hit the cache, and on eviction), write_back (on eviction only).",
+        ["write_through", "write_through_selective", "write_back"])
+    hicache_storage_backend: str = _opt(
+        "file", "Storage tier of --enable-hierarchical-cache: file (one checksummed file per "
+        "block of K/V under --hicache-storage-dir).", ["file"])
+    hicache_storage_dir: str | None = _opt(
+        None, "Directory of the storage tier. Default: <radixlm cache dir>/hicache. One "
+        "server per directory and model configuration (a second one fails at start).")
+    hicache_storage_size: str = _opt(
+        "8GiB", "Bound of the storage tier on disk (least recently used blocks deleted past "
+        "it), e.g. 20GiB.")
     tool_call_parser: str | None = _opt(
         None, "How tool calls are found in the model's text for tool_choice 'auto' "
         "(radixlm/server/tool_parsers/): hermes, qwen25, llama3_json, smollm2. Default: "

@@ -113,4 +113,8 @@ class Engine:
         self.scheduler.check_invariant()
 
     def shutdown(self) -> None:
-        """Nothing to stop: the offline engine runs in the caller's process."""
+        """The offline engine runs in the caller's process: only the hierarchical cache's
+        IO threads stop (its queued writes reach the disk first) and its storage directory
+        is unlocked."""
+        if self.scheduler.hicache is not None:
+            self.scheduler.tree_cache.close()

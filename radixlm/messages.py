@@ -41,9 +41,11 @@ class PoolStatsReq:
 
 @dataclass(slots=True)
 class FlushCacheReq:
-    """Empty the radix cache; refused while requests are running or waiting."""
+    """Empty the radix cache (`storage`: the hicache's storage tier too); refused while
+    requests are running or waiting."""
 
     rid: str
+    storage: bool = False
 
 
 @dataclass(slots=True)
@@ -98,6 +100,8 @@ class PoolStats:
     # Speculative decoding counters (SpecStats.as_dict(): algorithm, drafted, accepted,
     # accept_hist, ...); None when --speculative-algorithm is off.
     speculative: dict | None = None
+    # Hierarchical cache counters and tier sizes (HiRadixCache.stats()); None when off.
+    hicache: dict[str, Any] | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

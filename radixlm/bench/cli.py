@@ -121,6 +121,19 @@ def _spec(ns: argparse.Namespace) -> None:
                           engine_args=dict(ns.engine_arg), output_file=ns.output_file,
                           seed=ns.seed)
     print(spec_table(run_spec_bench(cfg)))
+def _hicache(ns: argparse.Namespace) -> None:
+    from radixlm.bench.hicache import HiCacheBenchConfig, hicache_table, run_hicache_bench
+
+    cfg = HiCacheBenchConfig(model=ns.model, system_len=ns.system_len,
+                             device_tokens=ns.device_tokens, num_prefixes=ns.num_prefixes,
+                             prefix_len=ns.prefix_len,
+                             requests_per_prefix=ns.requests_per_prefix,
+                             storage_dir=ns.storage_dir, seed=ns.seed, parts=tuple(ns.parts))
+    record = run_hicache_bench(cfg)
+    if ns.output_file:
+        with open(ns.output_file, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+    print(hicache_table(record))
 
 
 def _structured(ns: argparse.Namespace) -> None:
@@ -452,6 +465,21 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     ov.add_argument("--seed", type=int, default=0)
     _add_engine_arg(ov)
     ov.set_defaults(func=_overlap)
+
+    hc = sub.add_parser("hicache", help="Hierarchical cache: restart TTFT with the storage "
+                        "tier vs none, capacity hit rate and throughput, load bandwidth vs dd.")
+    _common(hc, threads=False)
+    hc.add_argument("--system-len", type=int, default=4000)
+    hc.add_argument("--device-tokens", type=int, default=8192, help="Device KV pool (capacity).")
+    hc.add_argument("--num-prefixes", type=int, default=16)
+    hc.add_argument("--prefix-len", type=int, default=2048)
+    hc.add_argument("--requests-per-prefix", type=int, default=32,
+                    help="Requests revisiting each prefix (scale down on a slow machine).")
+    hc.add_argument("--storage-dir", default=None, help="Default: a temporary directory.")
+    hc.add_argument("--parts", nargs="+", default=["restart", "capacity", "bandwidth"],
+                    choices=["restart", "capacity", "bandwidth"])
+    hc.add_argument("--seed", type=int, default=0)
+    hc.set_defaults(func=_hicache)
 
     cs = sub.add_parser("cold-start", help="Seconds from `radixlm serve` start to the first "
                         "token, with a fresh and then a warm RADIXLM_CACHE_DIR.")

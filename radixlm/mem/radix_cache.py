@@ -286,6 +286,7 @@ class RadixCache:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
+            self._on_evict(node)  # its path to the root is still whole here
             victims.append(node.value)
             freed += len(node.key)
             del parent.children[self._child_key(node.key)]
@@ -297,6 +298,10 @@ class RadixCache:
         if victims:
             self.allocator.free(torch.cat(victims))
         return freed
+
+    def _on_evict(self, node: TreeNode) -> None:
+        """A leaf is about to be evicted (its slots still hold its K/V): a hook for the
+        hierarchical cache (mem/hi_radix_cache.py), which demotes it instead of dropping."""
 
     def discard_from(self, key: list[int], from_len: int) -> int:
         """Drop the cached K/V of `key` from position `from_len` on (rounded down to a

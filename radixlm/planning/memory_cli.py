@@ -55,6 +55,9 @@ def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
                    help="Decode work space: torch gathers K/V, triton reads the pool in place.")
+    p.add_argument("--enable-hierarchical-cache", action="store_true",
+                   help="Show the hierarchical cache's tiers below the KV pool.")
+    p.add_argument("--hicache-storage-size", default="8GiB", help="Its storage tier's bound.")
     p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     p.set_defaults(func=run_memory_command)
 
@@ -135,11 +138,24 @@ def run_memory_command(ns: argparse.Namespace) -> None:
     except (ModelNotFoundError, ValueError) as e:
         print(f"radixlm memory: {e}", file=sys.stderr)
         sys.exit(2)
+    tiers = None
+    if ns.enable_hierarchical_cache:
+        from radixlm.planning.tier_plan import TierPlan
+        from radixlm.planning.units import parse_size
+
+        tiers = TierPlan(plan.kv_bytes_per_token, parse_size(ns.hicache_storage_size))
     if ns.json:
-        print(json.dumps(plan_json(plan, weights), indent=2))
+        body = plan_json(plan, weights)
+        if tiers is not None:
+            body["hicache_tiers"] = {"host_tokens": tiers.host_tokens, "host_bytes": 0,
+                                     "storage_tokens": tiers.storage_tokens,
+                                     "storage_bytes": tiers.storage_bytes}
+        print(json.dumps(body, indent=2))
     else:
         print(plan_table(plan, weights))
         for line in verdict(plan):
+            print(line)
+        for line in tiers.lines(plan.kv_tokens) if tiers is not None else []:
             print(line)
     if plan.fatal:
         sys.exit(1)

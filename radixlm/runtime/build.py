@@ -11,6 +11,7 @@ def build_scheduler(args: ServerArgs, ctx=None):
     `ctx`: the tensor-parallel rank (a ParallelContext; None: single process)."""
     from radixlm.executor.model_runner import ModelRunner
     from radixlm.models import resolve_model_path
+    from radixlm.runtime.hicache_setup import hicache_config
     from radixlm.scheduler.scheduler import Scheduler
     from radixlm.speculative.controller import SpecConfig
     from radixlm.tokenizer.loader import load_tokenizer
@@ -33,7 +34,8 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       grammar_compile_timeout=args.grammar_compile_timeout,
                       grammar_synchronous=args.tp_size > 1,
                       disable_jump_forward=args.disable_jump_forward,
-                      speculative=SpecConfig.from_args(args))
+                      speculative=SpecConfig.from_args(args),
+                      hicache=hicache_config(args, runner, model_path))
     return sched, tokenizer
 
 

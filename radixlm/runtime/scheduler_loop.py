@@ -55,7 +55,7 @@ def run_loop(sched: "Scheduler", ctx: "ParallelContext",
             if isinstance(msg, PoolStatsReq):
                 reply: object = sched.pool_stats(msg.rid)
             elif isinstance(msg, FlushCacheReq):
-                reply = sched.flush_cache(msg.rid)
+                reply = sched.flush_cache(msg.rid, msg.storage)
             elif isinstance(msg, DashboardReq):
                 reply = sched.dashboard.snapshot(sched, msg)
             else:

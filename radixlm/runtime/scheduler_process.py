@@ -72,3 +72,5 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
 
     # The one loop (with --tp-size N it also drives the other ranks: tp_ranks.py).
     run_loop(sched, runner.ctx, collect, lambda msg: send.send(dumps(msg)))
+    if sched.hicache is not None:
+        sched.tree_cache.close()  # the hierarchical cache's queued writes reach the disk

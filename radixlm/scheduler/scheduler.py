@@ -32,6 +32,7 @@ from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.runtime.host_malloc import release_free_heap
 from radixlm.mem import PoolInvariantError
+from radixlm.mem.hi_radix_cache import HiCacheConfig, HiRadixCache, LoadInFlight
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
@@ -55,8 +56,9 @@ logger = logging.getLogger(__name__)
 # --new-token-ratio-decay is not given (SGLang's default_new_token_ratio_decay_steps).
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
-# Outcomes of offering one waiting request to an admission round.
-ADMITTED, DEFERRED, REFUSED = "admitted", "deferred", "refused"
+# Outcomes of offering one waiting request to an admission round (LOADING: its prefix
+# continues in the hicache's storage tier and is being loaded; it waits there).
+ADMITTED, DEFERRED, REFUSED, LOADING = "admitted", "deferred", "refused", "loading"
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Scheduler:
                  enable_mixed_chunk: bool = False, overlap: bool = True,
                  grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False,
                  disable_jump_forward: bool = False,
-                 speculative: SpecConfig | None = None) -> None:
+                 speculative: SpecConfig | None = None,
+                 hicache: HiCacheConfig | None = None) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -98,8 +101,12 @@ class Scheduler:
         self.runner = runner
         self.pools = pools = runner.pools  # shared with the runner (mem/pools.py)
         self.page_size = pools.allocator.page_size
-        self.tree_cache = RadixCache(pools.req_to_token_pool, pools.allocator,
-                                     page_size=self.page_size, disable=disable_radix_cache)
+        self.hicache = hicache  # hierarchical cache: the tree over device + storage tiers
+        self.tree_cache = (RadixCache(pools.req_to_token_pool, pools.allocator,
+                                      page_size=self.page_size, disable=disable_radix_cache)
+                           if hicache is None else
+                           HiRadixCache(pools.req_to_token_pool, pools.allocator,
+                                        pools.token_to_kv_pool, self.page_size, hicache))
         self.kv = RequestKV(pools.req_to_token_pool, pools.allocator, self.tree_cache)
         self.enable_mixed_chunk = enable_mixed_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -224,6 +231,8 @@ class Scheduler:
                 self.outbox.append(self.output_processor.make_output(req))
 
     def abort_request(self, msg: AbortReq) -> None:
+        if self.hicache is not None and self.tree_cache.abort_loading(msg.rid):
+            return  # answered when its load completes
         queued = self.constrained.abort(msg.rid)
         if queued is not None:  # still compiling its grammar: holds nothing
             queued.finish("abort")
@@ -257,13 +266,16 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight or self.finishing
-                    or self.constrained.num_queued or self._jump_held())
+                    or self.constrained.num_queued or self._jump_held()
+                    or (self.hicache is not None and self.tree_cache.num_loading))
 
     def step(self) -> list[ReqTokenOut]:
         """Build and launch the next batch, process the results of the previous one (overlap)
         or of this one (serial); return the outputs to send."""
         t0, blocked0 = time.perf_counter(), self.worker.blocked_s
         self._retire_finished()
+        if self.hicache is not None and self.tree_cache.num_loading:
+            self._poll_loads()
         if self.constrained.num_queued:
             if not (self.waiting or self.running or self.inflight):
                 self.constrained.wait(0.05)  # only grammars compiling: do not spin
@@ -298,6 +310,19 @@ class Scheduler:
             self.dashboard.record_step(self, batch, t0, sched_s)
         out, self.outbox = self.outbox, []
         return out
+
+    def _poll_loads(self) -> None:
+        """Requests whose prefix the hicache loaded back go to the head of the queue, behind
+        chunked prefills in progress (which must finish first); an aborted one is answered.
+        With nothing else to do, wait a little for one."""
+        idle = not (self.waiting or self.running or self.inflight)
+        at = next((i for i, r in enumerate(self.waiting) if r.req_pool_idx is None),
+                  len(self.waiting))
+        for req in reversed(self.tree_cache.poll_loads(timeout=0.01 if idle else 0.0)):
+            if req.finished:
+                self._answer(req)
+            else:
+                self.waiting.insert(at, req)
 
     def _retire_finished(self) -> None:
         """Running requests found finished (or aborted) leave `running` and get their last
@@ -355,7 +380,7 @@ class Scheduler:
             outcome = self._try_admit(self.waiting[0], adder, sharing, unsettled)
             if outcome == REFUSED:
                 break
-            req = self.waiting.popleft()
+            req = self.waiting.popleft()  # LOADING: it waits in the hicache
             if outcome == DEFERRED:
                 deferred.append(req)
         self.waiting.extendleft(reversed(deferred))  # back in front, in their order
@@ -395,6 +420,15 @@ class Scheduler:
         match = cache.match_prefix([] if skip else req.fill_ids[:req.seq_len - 1])
         if self.kv.reads_unsettled(match.device_indices, unsettled):
             return DEFERRED
+        if self.hicache is not None and not skip:
+            try:
+                delta = cache.start_load(req, req.fill_ids[:req.seq_len - 1], match,
+                                         adder.kv_budget)
+            except LoadInFlight:
+                return DEFERRED
+            if delta is not None:
+                adder.kv_budget += delta  # its locked prefix and the slots it loads into
+                return LOADING
         if not skip and sharing.should_defer(req, match.prefix_len):
             return DEFERRED
         locked = not cache.disable
@@ -557,6 +591,8 @@ class Scheduler:
         """Stop the forward thread (overlap); the scheduler is unusable afterwards."""
         self.worker.shutdown()
         self.constrained.shutdown()
+        if self.hicache is not None:
+            self.tree_cache.close()  # queued writes reach the disk first
 
     # --- invariant -------------------------------------------------------------------
 
@@ -571,9 +607,10 @@ class Scheduler:
         """Raise PoolInvariantError if a KV slot or a req_to_token row leaked."""
         self.kv.check([*self.queues.holders(), *self._jump_held()])
 
-    def flush_cache(self, rid: str = "") -> FlushCacheResult:
-        """Empty the radix cache (all its slots back to the allocator). Refused while any
-        request is running or waiting, since they hold (locked) cache nodes."""
+    def flush_cache(self, rid: str = "", storage: bool = False) -> FlushCacheResult:
+        """Empty the radix cache (all its slots back to the allocator); `storage`: the
+        hicache's storage tier too. Refused while any request is running or waiting,
+        since they hold (locked) cache nodes."""
         self._settle()
         if self.has_work():
             return FlushCacheResult(rid, False, (
@@ -581,6 +618,10 @@ class Scheduler:
                 f"{len(self.waiting)} waiting; retry when the server is idle"))
         freed = self.tree_cache.total_size()
         self.tree_cache.reset()
+        if storage and self.hicache is not None:
+            blocks = self.tree_cache.clear_storage()
+            return FlushCacheResult(rid, True, f"flushed {freed} cached tokens and "
+                                    f"{blocks} stored blocks")
         return FlushCacheResult(rid, True, f"flushed {freed} cached tokens")
 
     @property
@@ -611,4 +652,5 @@ class Scheduler:
                          step_timing=self.worker.timer.as_dict(), overlap=self.overlap,
                          grammar=None if (g := self.constrained.stats) is None else g.as_dict(),
                          speculative=(None if self.speculative is None
-                                      else self.speculative.stats.as_dict()))
+                                      else self.speculative.stats.as_dict()),
+                         hicache=self.tree_cache.stats() if self.hicache is not None else None)

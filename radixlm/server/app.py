@@ -179,8 +179,9 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
         return Response(metrics.render(snap), media_type=CONTENT_TYPE_LATEST)
 
     @api.post("/flush_cache")
-    async def flush_cache() -> Response:
-        result = await tm.flush_cache()
+    async def flush_cache(storage: bool = False) -> Response:
+        # ?storage=true: also delete the hierarchical cache's stored blocks.
+        result = await tm.flush_cache(storage=storage)
         if not result.success:
             return error_response(400, result.message)
         return JSONResponse({"message": result.message})

@@ -59,6 +59,45 @@ def _timing(key: str) -> Callable[[Snapshot], float | None]:
                       else float(s.pool.step_timing[key]))
 
 
+def _hicache(key: str) -> Callable[[Snapshot], float | None]:
+    return lambda s: (None if s.pool is None or s.pool.hicache is None
+                      else float(s.pool.hicache[key]))
+
+
+def _hicache_device_hits(s: Snapshot) -> float | None:
+    if s.pool is None or s.pool.hicache is None:
+        return None
+    return float(s.pool.cached_tokens_total - s.pool.hicache["hit_tokens_storage"])
+
+
+# --hierarchical cache (mem/hi_radix_cache.py); absent when it is off.
+HICACHE_METRICS: list[MetricDef] = [
+    MetricDef("radixlm_hicache_device_hit_tokens", "Prompt tokens served from the device KV "
+              "pool at admission.", "counter", _hicache_device_hits),
+    MetricDef("radixlm_hicache_storage_hit_tokens", "Prompt tokens loaded back from the "
+              "storage tier.", "counter", _hicache("hit_tokens_storage")),
+    MetricDef("radixlm_hicache_blocks_demoted", "Blocks queued for storage when the device "
+              "pool evicted them.", "counter", _hicache("blocks_demoted")),
+    MetricDef("radixlm_hicache_blocks_written_through", "Blocks queued for storage when "
+              "their request finished (write-through).", "counter",
+              _hicache("blocks_written_through")),
+    MetricDef("radixlm_hicache_blocks_written", "Blocks written to the storage tier.",
+              "counter", _hicache("blocks_written")),
+    MetricDef("radixlm_hicache_blocks_loaded", "Blocks loaded (promoted) from storage into "
+              "the device pool.", "counter", _hicache("blocks_loaded")),
+    MetricDef("radixlm_hicache_loads", "Load jobs completed.", "counter", _hicache("loads")),
+    MetricDef("radixlm_hicache_load_seconds", "Loader thread time of the load jobs (load "
+              "latency = this / loads).", "counter", _hicache("load_seconds")),
+    MetricDef("radixlm_hicache_storage_bytes", "Bytes of the storage tier's files.", "gauge",
+              _hicache("storage_bytes")),
+    MetricDef("radixlm_hicache_storage_capacity_bytes", "Bound of the storage tier.", "gauge",
+              _hicache("storage_capacity_bytes")),
+    MetricDef("radixlm_hicache_storage_bad_files_deleted", "Stored files found truncated, "
+              "corrupted or foreign and deleted.", "counter",
+              _hicache("storage_bad_files_deleted")),
+]
+
+
 ENGINE_METRICS: list[MetricDef] = [
     # --- the three pools (plan) ---------------------------------------------------------
     MetricDef("radixlm_device_memory_bytes", "Device memory the plan was made for.", "gauge",
@@ -142,7 +181,7 @@ class EngineMetrics(Collector):
 
     def __init__(self, model_name: str, extra: Sequence[MetricDef] = ()) -> None:
         self.model_name = model_name
-        self.defs = [*ENGINE_METRICS, *extra]
+        self.defs = [*ENGINE_METRICS, *HICACHE_METRICS, *extra]
         self._snapshot: Snapshot | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)

@@ -322,9 +322,10 @@ class TokenizerManager:
         """The scheduler's DashboardSnapshot (pools, radix tree, requests, recent steps)."""
         return await self._control(lambda rid: DashboardReq(rid, **limits), timeout)
 
-    async def flush_cache(self, timeout: float = 30.0) -> FlushCacheResult:
-        """Empty the radix cache; refused (success False) while requests are in flight."""
-        return await self._control(FlushCacheReq, timeout)
+    async def flush_cache(self, timeout: float = 30.0, storage: bool = False) -> FlushCacheResult:
+        """Empty the radix cache (`storage`: the hicache's files too); refused (success
+        False) while requests are in flight."""
+        return await self._control(lambda rid: FlushCacheReq(rid, storage), timeout)
 
     @property
     def num_running(self) -> int:

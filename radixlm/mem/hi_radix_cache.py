@@ -1,0 +1,249 @@
+"""HiRadixCache: the radix cache over a device pool and a storage tier of files
+(`--enable-hierarchical-cache`).
+
+Eviction demotes: an evicted leaf's whole blocks are copied out and queued for the storage
+tier (unless stored already) before its slots are freed. Write policy: write_back writes
+only on eviction; write_through also writes a request's blocks when it finishes;
+write_through_selective only for requests that hit the cache (prefixes seen twice).
+A failed request's poisoned positions are never written. A match that continues into the
+storage tier starts a LoadJob (`start_load`): the matched device path is locked, fresh
+slots are allocated and the loader thread fills them; `poll_loads` (each step) inserts the
+loaded blocks into the tree, unlocks, and hands the request back to the waiting queue.
+Invariant: free + tree + requests + slots of loads in flight == total (`total_size`
+counts the latter). More: docs/memory.md, "Hierarchical cache".
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.mem.file_kv_store import FileKVStore
+from radixlm.mem.kv_block_io import BlockIO, LoadJob, gather_blocks
+from radixlm.mem.kv_fingerprint import KVFingerprint, block_keys
+from radixlm.mem.kv_slot_allocator import KVSlotAllocator
+from radixlm.mem.radix_cache import RadixCache
+from radixlm.mem.radix_tree_node import MatchResult, TreeNode
+from radixlm.mem.req_to_token_pool import ReqToTokenPool
+from radixlm.mem.token_to_kv_pool import TokenToKVPool
+
+logger = logging.getLogger(__name__)
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+DEFAULT_BLOCK_TOKENS = 64
+
+
+def storage_block_tokens(page_size: int) -> int:
+    """Tokens per storage file: DEFAULT_BLOCK_TOKENS rounded up to whole pages."""
+    return -(-DEFAULT_BLOCK_TOKENS // page_size) * page_size
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    storage_dir: str
+    storage_bytes: int
+    write_policy: str
+    fingerprint: KVFingerprint
+    sync_loads: bool = False  # wait for loads at the next poll (tensor parallel ranks)
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"--hicache-write-policy must be one of {WRITE_POLICIES}, "
+                             f"got {self.write_policy!r}")
+
+
+class HiRadixCache(RadixCache):
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: KVSlotAllocator,
+                 kv_pool: TokenToKVPool, page_size: int, cfg: HiCacheConfig) -> None:
+        super().__init__(req_to_token_pool, allocator, page_size=page_size)
+        self.cfg = cfg
+        self.kv_pool = kv_pool
+        self.block = cfg.fingerprint.block_tokens
+        if self.block % page_size:
+            raise ValueError(f"storage block {self.block} is not a multiple of page {page_size}")
+        self.fp = cfg.fingerprint.digest()
+        self.token_bytes = TokenToKVPool.bytes_per_token(
+            kv_pool.num_layers, kv_pool.kv_heads, kv_pool.head_dim, kv_pool.dtype)
+        self.store = FileKVStore(cfg.storage_dir, self.fp, self.block * self.token_bytes,
+                                 cfg.storage_bytes, cfg.fingerprint.format_version)
+        self.io = BlockIO(self.store, kv_pool, self.block)
+        self._loading: dict[str, LoadJob] = {}
+        self._loading_keys: set[bytes] = set()
+        self._loading_slots = 0
+        self.counters = {"blocks_demoted": 0, "blocks_written_through": 0, "blocks_loaded": 0,
+                         "loads": 0, "load_seconds": 0.0, "hit_tokens_storage": 0,
+                         "load_misses": 0}
+
+    # --- sizes ----------------------------------------------------------------------------
+
+    def total_size(self) -> int:
+        """Slots of the tree plus those of loads in flight (owned by the hicache)."""
+        return super().total_size() + self._loading_slots
+
+    @property
+    def num_loading(self) -> int:
+        return len(self._loading)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def _block_keys(self, tokens: list[int]) -> list[bytes]:
+        """Storage keys of the whole blocks of `tokens`."""
+        return block_keys(self.fp, tokens, self.block)
+
+    def _write(self, tokens: list[int], slots: torch.Tensor, first_block: int) -> int:
+        """Queue the whole blocks of `tokens` (their K/V in `slots`) from `first_block` on
+        that the storage tier lacks; returns how many were queued."""
+        keys = block_keys(self.fp, tokens, self.block)
+        todo = [i for i in range(first_block, len(keys)) if not self.io.has(keys[i])]
+        if not todo:
+            return 0
+        b = self.block
+        idx = torch.cat([slots[i * b:(i + 1) * b] for i in todo])
+        return self.io.write([keys[i] for i in todo], gather_blocks(self.kv_pool, idx, b))
+
+    def _on_evict(self, node: TreeNode) -> None:
+        path: list[TreeNode] = []
+        n: TreeNode | None = node
+        while n is not None and n is not self.root:
+            path.append(n)
+            n = n.parent
+        path.reverse()
+        tokens = [t for p in path for t in p.key]
+        end = len(tokens)
+        start = end - len(node.key)
+        last = end // self.block
+        if last <= start // self.block:
+            return  # no whole block ends inside this node
+        slots = torch.cat([p.value for p in path])
+        self.counters["blocks_demoted"] += self._write(tokens[:last * self.block], slots,
+                                                       start // self.block)
+
+    def cache_finished_req(self, req) -> None:
+        policy = self.cfg.write_policy
+        if (req.req_pool_idx is not None and policy != "write_back"
+                and (policy == "write_through" or req.cached_tokens > 0)):
+            valid = min(req.kv_len, len(req.fill_ids))
+            if req.kv_poisoned_from is not None:  # a failed forward's K/V is never written
+                valid = min(valid, req.kv_poisoned_from)
+            n = valid // self.block * self.block
+            if n:
+                slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].to(torch.int64)
+                self.counters["blocks_written_through"] += self._write(req.fill_ids[:n], slots, 0)
+        super().cache_finished_req(req)
+
+    # --- loads ------------------------------------------------------------------------------
+
+    def start_load(self, req, key: list[int], match: MatchResult, kv_budget: int) -> int | None:
+        """If the storage tier continues `match` of `key`, start loading those blocks for
+        `req` and return the change of the admission KV budget (<= 0); the request then
+        waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
+        Raises LoadInFlight when another request is loading the same blocks (defer it)."""
+        b = self.block
+        first, nblocks = match.prefix_len // b, len(key) // b
+        if nblocks <= first or self.store.num_blocks() == 0 and not self.io.has_pending():
+            return None
+        keys = block_keys(self.fp, key[:nblocks * b], b)[first:]
+        k = 0
+        while k < len(keys) and self.io.has(keys[k]):
+            k += 1
+        if k == 0 or first * b + k * b <= match.prefix_len:
+            return None
+        if keys[0] in self._loading_keys:
+            raise LoadInFlight
+        need = k * b
+        delta = self.inc_lock_ref(match.last_node)
+        if kv_budget + delta < need:
+            self.dec_lock_ref(match.last_node)
+            return None  # no room for it now: compute the prefix instead
+        short = need - self.allocator.available_size()
+        if short > 0:
+            self.evict(short)
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            self.dec_lock_ref(match.last_node)
+            return None
+        start = first * b
+        job = LoadJob(req=req, keys=keys[:k], slots=slots, start=start,
+                      device_prefix=match.prefix_len,
+                      prefix_slots=match.device_indices[:start].clone(), node=match.last_node)
+        self._loading[req.rid] = job
+        self._loading_keys.update(job.keys)
+        self._loading_slots += need
+        self.io.load(job)
+        return delta - need
+
+    def poll_loads(self, timeout: float = 0.0) -> list:
+        """Finish the loads the loader completed (waiting up to `timeout` for the first;
+        with sync_loads, for all): insert their blocks into the tree, unlock, free what
+        was not loaded; return their requests."""
+        out = []
+        while self._loading:
+            block = self.cfg.sync_loads or (timeout > 0 and not out)
+            try:
+                job = self.io.done.get(timeout=timeout if timeout > 0 else None) if block \
+                    else self.io.done.get_nowait()
+            except queue.Empty:
+                break
+            self._finish_load(job)
+            out.append(job.req)
+        return out
+
+    def _finish_load(self, job: LoadJob) -> None:
+        n = job.loaded * self.block
+        self.allocator.free(job.slots[n:])
+        if n:
+            end = job.start + n
+            had = self.insert(job.req.fill_ids[:end], torch.cat([job.prefix_slots, job.slots[:n]]))
+            if had > job.start:  # computed by another request meanwhile: the tree keeps its own
+                self.allocator.free(job.slots[:had - job.start])
+            self.counters["hit_tokens_storage"] += max(0, end - max(had, job.device_prefix))
+        if job.loaded < len(job.keys):
+            self.counters["load_misses"] += 1
+        self.counters["blocks_loaded"] += job.loaded
+        self.counters["loads"] += 1
+        self.counters["load_seconds"] += job.seconds
+        self.dec_lock_ref(job.node)
+        self._loading_slots -= job.slots.numel()
+        self._loading_keys.difference_update(job.keys)
+        del self._loading[job.req.rid]
+
+    def abort_loading(self, rid: str) -> bool:
+        """Mark a loading request aborted (answered when its load completes)."""
+        job = self._loading.get(rid)
+        if job is None:
+            return False
+        job.req.finish("abort")
+        return True
+
+    # --- flush, close, stats ----------------------------------------------------------------
+
+    def clear_storage(self) -> int:
+        """Delete every stored block of this configuration; returns how many."""
+        self.io.drain()
+        n = self.store.num_blocks()
+        self.store.clear()
+        return n
+
+    def close(self) -> None:
+        self.io.close()
+        self.store.close()
+
+    def stats(self) -> dict[str, float]:
+        c = self.counters
+        return {**c, "write_policy": self.cfg.write_policy, "block_tokens": self.block,
+                "blocks_written": self.io.written, "blocks_write_dropped": self.io.dropped,
+                "storage_bytes": self.store.size_bytes(), "storage_blocks": self.store.num_blocks(),
+                "storage_tokens": self.store.num_blocks() * self.block,
+                "storage_capacity_bytes": self.store.capacity_bytes,
+                "storage_capacity_tokens": self.store.capacity_bytes // self.token_bytes,
+                "host_capacity_tokens": 0, "host_capacity_bytes": 0,  # no host tier
+                "storage_bad_files_deleted": self.store.deleted_bad,
+                "load_bytes": c["blocks_loaded"] * self.store.block_bytes,
+                "loading": len(self._loading), "storage_dir": str(self.store.dir)}
+
+
+class LoadInFlight(Exception):
+    """The blocks a request would load are being loaded for another request."""
