@@ -7,9 +7,10 @@ Invariants (the why and the timeline: docs/structured-output.md, "Jump-forward d
     re-encoded with it as the tokenizer encodes it alone, or no jump is made.
   * KV: ids from `req.jump_from` on have no valid K/V. The request leaves `running` (via
     `held` while a launched batch contains it: that sample is dropped, its draw undone),
-    frees its own slots from there, hands the rest to the radix cache (as a retraction
-    does) and waits at the head of the queue: re-admission matches the prefix back and
-    extends the new tail like any prompt (chunking, budgets).
+    frees its own slots from there and waits at the head of the queue keeping its row
+    (`awaiting_extend`), like a chunked prefill between chunks: the scheduler computes the
+    new tail as an extend row of the next decode step (a MIXED batch), through the
+    prefill budgets; a retraction or `unblock` hands its KV to the radix cache.
   * No jump of trailing spaces (the model samples " true"), into max_new_tokens, the
     context or a stop string, nor for a request asking for logprobs (none are invented).
 Per step: one `find_jump_forward_string` per constrained row; tokenizer work only on jumps.
@@ -45,6 +46,12 @@ class Scheduler(Protocol):
     kv: _RequestKV
 
 logger = logging.getLogger(__name__)
+
+
+def awaiting_extend(req: "Req") -> bool:
+    """A jumped request waiting with its row, its new tail to extend (a chunked prefill
+    between chunks holds a row too, but has no output yet)."""
+    return req.req_pool_idx is not None and bool(req.output_ids)
 
 # Output tokens before the forced string that are re-encoded with it (a BPE merge across
 # the boundary reaches back at most a few tokens).
@@ -171,10 +178,19 @@ class JumpForward:
             sched.outbox.append(sched.output_processor.make_output(r))
             sched.finishing.append(r)
             return
-        # Its valid KV to the radix cache, its row back: waiting requests hold no KV, so a
-        # full pool can never stall admission; re-admission matches the prefix back.
-        sched.kv.retract(r)  # counted: usage and hit-rate statistics are not recounted
+        # It keeps its row and valid KV: its tail rides in the next decode step as an
+        # extend row (scheduler._next_batch); if the pool runs short, a retraction or
+        # `unblock` hands them to the radix cache.
         sched.waiting.appendleft(r)
+
+    @staticmethod
+    def unblock(sched: "Scheduler") -> None:
+        """Nothing runs, nothing is in flight and admission took nothing: jumped requests
+        waiting with their KV hand it to the radix cache (evictable, as after a
+        retraction), so that KV they hold can never keep the queue's head from fitting."""
+        for r in sched.waiting:
+            if awaiting_extend(r):
+                sched.kv.retract(r)
 
     @staticmethod
     def rollback(sched: "Scheduler", r: "Req") -> None:

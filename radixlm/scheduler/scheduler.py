@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.constrained.jump_forward import JumpForward
+from radixlm.constrained.jump_forward import JumpForward, awaiting_extend
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
 from radixlm.forward_batch import ForwardMode
@@ -328,7 +328,10 @@ class Scheduler:
             self.last_step_was_chunk = False  # let running decodes through between chunks
             return self._decode_batch()
         chunk = self.chunked_prefill_size
-        mixed = self.enable_mixed_chunk and bool(self.running)
+        # Jumped requests' new tails (constrained/jump_forward.py) ride in the decode step.
+        jumpers_only = (not self.enable_mixed_chunk and bool(self.running and self.waiting)
+                        and awaiting_extend(self.waiting[0]))
+        mixed = bool(self.running) and (self.enable_mixed_chunk or jumpers_only)
         # Evictable cache slots count as free: allocation evicts them on demand.
         adder = PrefillAdder(free_kv_slots=pools.allocator.available_size()
                              + self.tree_cache.evictable_size(),
@@ -348,6 +351,8 @@ class Scheduler:
             unsettled = self.kv.unsettled_slots(loc, self.finishing)
         deferred: list[Req] = []
         while self.waiting:
+            if jumpers_only and not awaiting_extend(self.waiting[0]):
+                break
             outcome = self._try_admit(self.waiting[0], adder, sharing, unsettled)
             if outcome == REFUSED:
                 break
@@ -366,6 +371,8 @@ class Scheduler:
             return batch
         if self.running:
             return self._decode_batch()
+        if self.jump_forward is not None and self.inflight is None:
+            self.jump_forward.unblock(self)
         return None
 
     def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing,
