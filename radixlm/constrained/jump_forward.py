@@ -2,17 +2,15 @@
 append it at once, canonically tokenized, instead of decoding it token by token.
 
 Invariants (the why and the timeline: docs/structured-output.md, "Jump-forward decoding"):
-  * Text after a jump = text before + the forced string; the output from `start` (never
-    before a sent, cached or prompt token; at most RETOKENIZE_WINDOW tokens back) is
-    re-encoded with it as the tokenizer encodes it alone, or no jump is made.
-  * KV: ids from `req.jump_from` on have no valid K/V. The request leaves `running` (via
-    `held` while a launched batch contains it: that sample is dropped, its draw undone),
-    frees its own slots from there and waits at the head of the queue keeping its row
-    (`awaiting_extend`), like a chunked prefill between chunks: the scheduler computes the
-    new tail as an extend row of the next decode step (a MIXED batch), through the
-    prefill budgets; a retraction or `unblock` hands its KV to the radix cache.
-  * No jump of trailing spaces (the model samples " true"), into max_new_tokens, the
-    context or a stop string, nor for a request asking for logprobs (none are invented).
+  * Text after a jump = text before + the forced string, the output from `start` (never
+    before a sent, cached or prompt token; at most RETOKENIZE_WINDOW back) re-encoded.
+  * K/V from `req.jump_from` on is stale: the request leaves `running` (via `held` while a
+    launched batch holds it: that sample is dropped, its draw undone), frees its slots
+    from there and waits first in the queue with its row (`awaiting_extend`): its new
+    tail is an extend row of the next decode step (a MIXED batch).
+  * No jump of trailing spaces, into max_new_tokens, the context or a stop string. With
+    logprobs no sampled token is re-encoded and the extend recomputes the last one: the
+    jumped tokens' logprobs are the model's, from their extend (`req.logprob_gap`).
 Per step: one `find_jump_forward_string` per constrained row; tokenizer work only on jumps.
 """
 
@@ -99,16 +97,20 @@ class JumpForward:
         a row is then marked (`req.jump_from`) and must leave `running` (`after_process`)."""
         p = req.sampling_params
         m = req.grammar
-        if p.logprobs or m.is_terminated():
+        if m.is_terminated():
             return False
+        out = req.output_ids
+        n_in = len(req.input_ids)
+        if p.logprobs and (req.req_pool_idx is None or not out
+                           or n_in + len(out) - 1 < req.cached_len):
+            return False  # the logits of the jumped tokens' positions must be computed
         # A trailing space is left to the model: BPE vocabularies start words with it
         # (" true", " no"), so jumping it would force a split the model never saw.
         forced = m.find_jump_forward_string().rstrip(" ")
         if not forced or "\ufffd" in forced:
             return False
-        out = req.output_ids
-        n_in = len(req.input_ids)
-        lo = max(req.sent_len, req.cached_len - n_in, len(out) - RETOKENIZE_WINDOW, 0)
+        lo = len(out) if p.logprobs else max(req.sent_len, req.cached_len - n_in,
+                                              len(out) - RETOKENIZE_WINDOW, 0)
         for start in dict.fromkeys((lo, len(out))):  # the window, else the forced text alone
             old_text = self._decode(out[start:]) if start < len(out) else ""
             if "\ufffd" in old_text:  # a character split across the boundary
@@ -134,7 +136,10 @@ class JumpForward:
         self.stats.jumps += 1
         self.stats.jumped_tokens += len(new) - len(old)
         self.stats.retokenized += same < len(old)
-        if req.req_pool_idx is not None:
+        if p.logprobs:  # start == len(old out): recompute its last token for the logits
+            req.logprob_gap = start
+            req.jump_from = n_in + start - 1
+        elif req.req_pool_idx is not None:
             req.jump_from = n_in + start + same
         return True
 

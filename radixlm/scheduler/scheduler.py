@@ -38,8 +38,8 @@ from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut
 from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
-from radixlm.scheduler.prompt_logprobs import (deliver_prompt_logprobs, needs_prompt_logprobs,
-                                               plan_prompt_logprobs)
+from radixlm.scheduler.prompt_logprobs import (cache_match_len, deliver_prompt_logprobs,
+                                               needs_prompt_logprobs, plan_prompt_logprobs)
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.queues import Queues, RunLimits
@@ -393,7 +393,7 @@ class Scheduler:
         # At least the last token must be computed: its logits give the next token.
         # Prompt logprobs need every prompt position's logits: no cached prefix.
         skip = needs_prompt_logprobs(req)
-        match = cache.match_prefix([] if skip else req.fill_ids[:req.seq_len - 1])
+        match = cache.match_prefix(req.fill_ids[:cache_match_len(req)])
         if self.kv.reads_unsettled(match.device_indices, unsettled):
             return DEFERRED
         if not skip and sharing.should_defer(req, match.prefix_len):
@@ -610,4 +610,6 @@ class Scheduler:
                          cached_tokens_total=self.cached_tokens_total,
                          cache_hit_rate=self.cache_hit_rate,
                          step_timing=self.worker.timer.as_dict(), overlap=self.overlap,
-                         grammar=None if (g := self.constrained.stats) is None else g.as_dict())
+                         grammar=None if (g := self.constrained.stats) is None else {
+                             **g.as_dict(), **(self.jump_forward.stats.as_dict()
+                                               if self.jump_forward is not None else {})})
