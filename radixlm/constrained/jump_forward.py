@@ -51,6 +51,11 @@ def awaiting_extend(req: "Req") -> bool:
     between chunks holds a row too, but has no output yet)."""
     return req.req_pool_idx is not None and bool(req.output_ids)
 
+
+def only_jumpers_wait(waiting: "deque[Req]") -> bool:
+    """Every waiting request is a jumped one (they are first in the queue: O(jumpers))."""
+    return all(awaiting_extend(r) for r in waiting)
+
 # Output tokens before the forced string that are re-encoded with it (a BPE merge across
 # the boundary reaches back at most a few tokens).
 RETOKENIZE_WINDOW = 4

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.constrained.jump_forward import JumpForward, awaiting_extend
+from radixlm.constrained.jump_forward import JumpForward, only_jumpers_wait
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
 from radixlm.forward_batch import ForwardMode
@@ -328,9 +328,10 @@ class Scheduler:
             self.last_step_was_chunk = False  # let running decodes through between chunks
             return self._decode_batch()
         chunk = self.chunked_prefill_size
-        # Jumped requests' new tails (constrained/jump_forward.py) ride in the decode step.
+        # Jumped requests' new tails (constrained/jump_forward.py) ride in the decode step
+        # (a new prompt waiting: they join its extend, as before).
         jumpers_only = (not self.enable_mixed_chunk and bool(self.running and self.waiting)
-                        and awaiting_extend(self.waiting[0]))
+                        and only_jumpers_wait(self.waiting))
         mixed = bool(self.running) and (self.enable_mixed_chunk or jumpers_only)
         # Evictable cache slots count as free: allocation evicts them on demand.
         adder = PrefillAdder(free_kv_slots=pools.allocator.available_size()
@@ -351,8 +352,6 @@ class Scheduler:
             unsettled = self.kv.unsettled_slots(loc, self.finishing)
         deferred: list[Req] = []
         while self.waiting:
-            if jumpers_only and not awaiting_extend(self.waiting[0]):
-                break
             outcome = self._try_admit(self.waiting[0], adder, sharing, unsettled)
             if outcome == REFUSED:
                 break
