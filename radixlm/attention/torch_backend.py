@@ -5,6 +5,8 @@ step grows with the batch, not the tokens). Decode, on the CPU where the C++ ker
 (`cpu_kernels/decode_attention.cpp`), is one call per layer reading K/V in place from the
 pool, with no host values (so compiled decode graphs can hold it); elsewhere it is one
 batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
+An extend batch's trailing one-token rows (a MIXED batch's running decodes) are a decode:
+they take the decode path in one call, the rows before them the per-request loop.
 """
 
 from __future__ import annotations
@@ -79,25 +81,31 @@ class TorchAttentionBackend(AttentionBackend):
         self.supports_decode_graphs = decode_kernel
         self.decode_md: _DecodeMetadata | None = None
         self.extend_md: _ExtendMetadata | None = None
+        # Extend batches: the first request and flat token of the trailing one-token rows
+        # that run as a decode (== batch size and T when there are none).
+        self.tail_req = self.tail_tok = 0
 
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         req_to_token = fb.req_to_token_pool.req_to_token
         if fb.forward_mode.is_decode():
-            if self.decode_kernel:
-                return  # the kernel reads req_to_token and seq_lens itself
-            max_len = max(fb.seq_lens_cpu)
-            rows = req_to_token[fb.req_pool_indices, :max_len].to(torch.int64)
-            ar = torch.arange(max_len, device=rows.device)
-            real = ar[None, :] < fb.seq_lens[:, None]
-            self.decode_md = _DecodeMetadata(kv_flat=rows.masked_fill(~real, 0).reshape(-1),
-                                             length=max_len, real=real[None, :, None, :],
-                                             seq_lens=fb.seq_lens)
+            self._init_decode(fb.req_pool_indices, fb.seq_lens, max(fb.seq_lens_cpu),
+                              req_to_token)
             return
+        lens = fb.extend_seq_lens_cpu
+        tail = len(lens)
+        while tail > 0 and lens[tail - 1] == 1:
+            tail -= 1
+        if len(lens) - tail < 2:  # a lone one-token row stays in the loop
+            tail = len(lens)
+        self.tail_req, self.tail_tok = tail, sum(lens[:tail])
+        if tail < len(lens):
+            self._init_decode(fb.req_pool_indices[tail:], fb.seq_lens[tail:],
+                              max(fb.seq_lens_cpu[tail:]), req_to_token)
         kv_indices, masks, offsets = [], [], []
         offset = 0
         rows_cpu = (fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None
                     else fb.req_pool_indices.tolist())
-        for row, prefix, ext in zip(rows_cpu, fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu):
+        for row, prefix, ext in zip(rows_cpu[:tail], fb.extend_prefix_lens_cpu, lens):
             seq = prefix + ext
             kv_indices.append(req_to_token[row, :seq].to(torch.int64))
             if prefix == 0:
@@ -112,25 +120,52 @@ class TorchAttentionBackend(AttentionBackend):
         self.extend_md = _ExtendMetadata(kv_indices, masks, offsets,
                                          list(fb.extend_prefix_lens_cpu))
 
+    def _init_decode(self, rows_t: torch.Tensor, seq_lens: torch.Tensor, max_len: int,
+                     req_to_token: torch.Tensor) -> None:
+        if self.decode_kernel:
+            return  # the kernel reads req_to_token and seq_lens itself
+        rows = req_to_token[rows_t, :max_len].to(torch.int64)
+        ar = torch.arange(max_len, device=rows.device)
+        real = ar[None, :] < seq_lens[:, None]
+        self.decode_md = _DecodeMetadata(kv_flat=rows.masked_fill(~real, 0).reshape(-1),
+                                         length=max_len, real=real[None, :, None, :],
+                                         seq_lens=seq_lens)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
+        if fb.forward_mode.is_decode():
+            return self._decode_rows(q, k, v, layer, fb, fb.out_cache_loc,
+                                     fb.req_pool_indices, fb.seq_lens)
+        b, t = self.tail_req, self.tail_tok
+        if t == q.shape[0]:
+            fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+            return self._extend(q, *fb.token_to_kv_pool.get_kv(layer.layer_id), layer, fb)
+        out = torch.empty_like(q)
+        out[t:] = self._decode_rows(q[t:], k[t:], v[t:], layer, fb, fb.out_cache_loc[t:],
+                                    fb.req_pool_indices[b:], fb.seq_lens[b:])
+        if t:
+            fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc[:t], k[:t], v[:t])
+            out[:t] = self._extend(q[:t], *fb.token_to_kv_pool.get_kv(layer.layer_id), layer, fb)
+        return out
+
+    def _decode_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     layer: "RadixAttention", fb: "ForwardBatch", loc: torch.Tensor,
+                     rows: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """One query token per row (a decode, or an extend's trailing one-token rows)."""
         pool = fb.token_to_kv_pool
         k_buf, v_buf = pool.get_kv(layer.layer_id)
-        if fb.forward_mode.is_decode() and self.decode_kernel:
+        if self.decode_kernel:
             window = layer.sliding_window or 0
             r2t = fb.req_to_token_pool.req_to_token
             if torch.compiler.is_compiling():
-                pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
-                return paged_decode_attention(q, k_buf, v_buf, r2t, fb.req_pool_indices,
-                                              fb.seq_lens, layer.scaling, window)
+                pool.set_kv(layer.layer_id, loc, k, v)
+                return paged_decode_attention(q, k_buf, v_buf, r2t, rows, seq_lens,
+                                              layer.scaling, window)
             # Eagerly one call writes the KV and attends (no index_put dispatches).
-            return decode_attention_with_kv_write(q, k, v, k_buf, v_buf, fb.out_cache_loc, r2t,
-                                                  fb.req_pool_indices, fb.seq_lens,
-                                                  layer.scaling, window)
-        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
-        if fb.forward_mode.is_decode():
-            return self._decode(q, k_buf, v_buf, layer)
-        return self._extend(q, k_buf, v_buf, layer, fb)
+            return decode_attention_with_kv_write(q, k, v, k_buf, v_buf, loc, r2t, rows,
+                                                  seq_lens, layer.scaling, window)
+        pool.set_kv(layer.layer_id, loc, k, v)
+        return self._decode(q, k_buf, v_buf, layer)
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 layer: "RadixAttention") -> torch.Tensor:

@@ -2,16 +2,15 @@
 append it at once, canonically tokenized, instead of decoding it token by token.
 
 Invariants (the why and the timeline: docs/structured-output.md, "Jump-forward decoding"):
-  * Text after a jump = text before + the forced string; the output from `start` (never
-    before a sent, cached or prompt token; at most RETOKENIZE_WINDOW tokens back) is
-    re-encoded with it as the tokenizer encodes it alone, or no jump is made.
-  * KV: ids from `req.jump_from` on have no valid K/V. The request leaves `running` (via
-    `held` while a launched batch contains it: that sample is dropped, its draw undone),
-    frees its own slots from there, hands the rest to the radix cache (as a retraction
-    does) and waits at the head of the queue: re-admission matches the prefix back and
-    extends the new tail like any prompt (chunking, budgets).
-  * No jump of trailing spaces (the model samples " true"), into max_new_tokens, the
-    context or a stop string, nor for a request asking for logprobs (none are invented).
+  * Text after a jump = text before + the forced string, the output from `start` (never
+    before a sent, cached or prompt token; at most RETOKENIZE_WINDOW back) re-encoded.
+  * K/V from `req.jump_from` on is stale: the request leaves `running` (via `held` while a
+    launched batch holds it: that sample is dropped, its draw undone), frees its slots
+    from there and waits first in the queue with its row (`awaiting_extend`): its new
+    tail is an extend row of the next decode step (a MIXED batch).
+  * No jump of trailing spaces, into max_new_tokens, the context or a stop string. With
+    logprobs no sampled token is re-encoded and the extend recomputes the last one: the
+    jumped tokens' logprobs are the model's, from their extend (`req.logprob_gap`).
 Per step: one `find_jump_forward_string` per constrained row; tokenizer work only on jumps.
 """
 
@@ -45,6 +44,17 @@ class Scheduler(Protocol):
     kv: _RequestKV
 
 logger = logging.getLogger(__name__)
+
+
+def awaiting_extend(req: "Req") -> bool:
+    """A jumped request waiting with its row, its new tail to extend (a chunked prefill
+    between chunks holds a row too, but has no output yet)."""
+    return req.req_pool_idx is not None and bool(req.output_ids)
+
+
+def only_jumpers_wait(waiting: "deque[Req]") -> bool:
+    """Every waiting request is a jumped one (they are first in the queue: O(jumpers))."""
+    return all(awaiting_extend(r) for r in waiting)
 
 # Output tokens before the forced string that are re-encoded with it (a BPE merge across
 # the boundary reaches back at most a few tokens).
@@ -92,16 +102,20 @@ class JumpForward:
         a row is then marked (`req.jump_from`) and must leave `running` (`after_process`)."""
         p = req.sampling_params
         m = req.grammar
-        if p.logprobs or m.is_terminated():
+        if m.is_terminated():
             return False
+        out = req.output_ids
+        n_in = len(req.input_ids)
+        if p.logprobs and (req.req_pool_idx is None or not out
+                           or n_in + len(out) - 1 < req.cached_len):
+            return False  # the logits of the jumped tokens' positions must be computed
         # A trailing space is left to the model: BPE vocabularies start words with it
         # (" true", " no"), so jumping it would force a split the model never saw.
         forced = m.find_jump_forward_string().rstrip(" ")
         if not forced or "\ufffd" in forced:
             return False
-        out = req.output_ids
-        n_in = len(req.input_ids)
-        lo = max(req.sent_len, req.cached_len - n_in, len(out) - RETOKENIZE_WINDOW, 0)
+        lo = len(out) if p.logprobs else max(req.sent_len, req.cached_len - n_in,
+                                              len(out) - RETOKENIZE_WINDOW, 0)
         for start in dict.fromkeys((lo, len(out))):  # the window, else the forced text alone
             old_text = self._decode(out[start:]) if start < len(out) else ""
             if "\ufffd" in old_text:  # a character split across the boundary
@@ -127,7 +141,10 @@ class JumpForward:
         self.stats.jumps += 1
         self.stats.jumped_tokens += len(new) - len(old)
         self.stats.retokenized += same < len(old)
-        if req.req_pool_idx is not None:
+        if p.logprobs:  # start == len(old out): recompute its last token for the logits
+            req.logprob_gap = start
+            req.jump_from = n_in + start - 1
+        elif req.req_pool_idx is not None:
             req.jump_from = n_in + start + same
         return True
 
@@ -171,10 +188,19 @@ class JumpForward:
             sched.outbox.append(sched.output_processor.make_output(r))
             sched.finishing.append(r)
             return
-        # Its valid KV to the radix cache, its row back: waiting requests hold no KV, so a
-        # full pool can never stall admission; re-admission matches the prefix back.
-        sched.kv.retract(r)  # counted: usage and hit-rate statistics are not recounted
+        # It keeps its row and valid KV: its tail rides in the next decode step as an
+        # extend row (scheduler._next_batch); if the pool runs short, a retraction or
+        # `unblock` hands them to the radix cache.
         sched.waiting.appendleft(r)
+
+    @staticmethod
+    def unblock(sched: "Scheduler") -> None:
+        """Nothing runs, nothing is in flight and admission took nothing: jumped requests
+        waiting with their KV hand it to the radix cache (evictable, as after a
+        retraction), so that KV they hold can never keep the queue's head from fitting."""
+        for r in sched.waiting:
+            if awaiting_extend(r):
+                sched.kv.retract(r)
 
     @staticmethod
     def rollback(sched: "Scheduler", r: "Req") -> None:

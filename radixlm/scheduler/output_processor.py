@@ -91,8 +91,10 @@ class OutputProcessor:
     def make_output(req: Req) -> ReqTokenOut:
         """Everything not yet sent for `req`; advances its sent offsets."""
         p = req.sampling_params
-        new_ids = req.output_ids[req.sent_len:]
-        req.sent_len = len(req.output_ids)
+        # Jumped tokens wait for their logprobs (constrained/jump_forward.py).
+        end = len(req.output_ids) if req.logprob_gap is None else req.logprob_gap
+        new_ids = req.output_ids[req.sent_len:end]
+        req.sent_len = end
         logprobs = req.pending_logprobs if p.logprobs else None
         req.pending_logprobs = []
         return ReqTokenOut(

@@ -80,6 +80,10 @@ class Req:
     # Jump-forward (constrained/jump_forward.py): the first position whose id a jump
     # changed; while set, its K/V from there on is stale and samples are dropped.
     jump_from: int | None = None
+    # Logprobs asked and a jump made: the first output index whose logprob (the model's,
+    # from the logits of the extend that computes the jumped tail) has not arrived yet;
+    # outputs are sent up to it only (scheduler/prompt_logprobs.py).
+    logprob_gap: int | None = None
 
     @property
     def fill_ids(self) -> list[int]:

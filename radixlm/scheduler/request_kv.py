@@ -114,6 +114,10 @@ class RequestKV:
         below cached_len) are freed, the rest goes to the cache, and then the cache's garbage
         part of its path (inserted at launch) is dropped."""
         poisoned = req.kv_poisoned_from
+        if poisoned is None and req.req_pool_idx is not None and req.kv_len > req.seq_len:
+            # Overlap: a batch launched before it finished computed a position no token
+            # was appended for (e.g. max_new_tokens=0 with prompt_logprobs): not cached.
+            self.roll_back(req, req.seq_len)
         if poisoned is None or req.req_pool_idx is None:
             self.tree_cache.cache_finished_req(req)
             return

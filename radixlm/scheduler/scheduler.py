@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.constrained.jump_forward import JumpForward
+from radixlm.constrained.jump_forward import JumpForward, only_jumpers_wait
 from radixlm.constrained.scheduler_hooks import CONSTRAINT_ERROR_STATUS, ConstrainedDecoding
 from radixlm.constrained.step_mask import GrammarStep
 from radixlm.forward_batch import ForwardMode
@@ -39,8 +39,8 @@ from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut
 from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.oom_recovery import OOMRecovery
 from radixlm.scheduler.output_processor import OutputProcessor
-from radixlm.scheduler.prompt_logprobs import (deliver_prompt_logprobs, needs_prompt_logprobs,
-                                               plan_prompt_logprobs)
+from radixlm.scheduler.prompt_logprobs import (cache_match_len, deliver_prompt_logprobs,
+                                               needs_prompt_logprobs, plan_prompt_logprobs)
 from radixlm.scheduler.policy import InBatchPrefixSharing, make_policy
 from radixlm.scheduler.prefill_adder import PrefillAdder
 from radixlm.scheduler.queues import Queues, RunLimits
@@ -357,7 +357,11 @@ class Scheduler:
             self.last_step_was_chunk = False  # let running decodes through between chunks
             return self._decode_batch()
         chunk = self.chunked_prefill_size
-        mixed = self.enable_mixed_chunk and bool(self.running)
+        # Jumped requests' new tails (constrained/jump_forward.py) ride in the decode step
+        # (a new prompt waiting: they join its extend, as before).
+        jumpers_only = (not self.enable_mixed_chunk and bool(self.running and self.waiting)
+                        and only_jumpers_wait(self.waiting))
+        mixed = bool(self.running) and (self.enable_mixed_chunk or jumpers_only)
         # Evictable cache slots count as free: allocation evicts them on demand.
         adder = PrefillAdder(free_kv_slots=pools.allocator.available_size()
                              + self.tree_cache.evictable_size(),
@@ -397,6 +401,8 @@ class Scheduler:
             if self.speculative is not None and self.speculative.run_step(self):
                 return None  # a verify step ran and was processed in place of a decode
             return self._decode_batch()
+        if self.jump_forward is not None and self.inflight is None:
+            self.jump_forward.unblock(self)
         return None
 
     def _try_admit(self, req: Req, adder: PrefillAdder, sharing: InBatchPrefixSharing,
@@ -417,7 +423,7 @@ class Scheduler:
         # At least the last token must be computed: its logits give the next token.
         # Prompt logprobs need every prompt position's logits: no cached prefix.
         skip = needs_prompt_logprobs(req)
-        match = cache.match_prefix([] if skip else req.fill_ids[:req.seq_len - 1])
+        match = cache.match_prefix(req.fill_ids[:cache_match_len(req)])
         if self.kv.reads_unsettled(match.device_indices, unsettled):
             return DEFERRED
         if self.hicache is not None and not skip:
@@ -650,7 +656,9 @@ class Scheduler:
                          cached_tokens_total=self.cached_tokens_total,
                          cache_hit_rate=self.cache_hit_rate,
                          step_timing=self.worker.timer.as_dict(), overlap=self.overlap,
-                         grammar=None if (g := self.constrained.stats) is None else g.as_dict(),
+                         grammar=None if (g := self.constrained.stats) is None else {
+                             **g.as_dict(), **(self.jump_forward.stats.as_dict()
+                                               if self.jump_forward is not None else {})},
                          speculative=(None if self.speculative is None
                                       else self.speculative.stats.as_dict()),
                          hicache=self.tree_cache.stats() if self.hicache is not None else None)

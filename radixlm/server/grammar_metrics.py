@@ -1,5 +1,6 @@
-"""/metrics of constrained decoding (from PoolStats.grammar, i.e. GrammarStats); absent
-until the first constrained request."""
+"""/metrics of constrained decoding (from PoolStats.grammar, i.e. GrammarStats, and the
+JumpStats of jump-forward decoding unless --disable-jump-forward); absent until the first
+constrained request."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from radixlm.server.metrics import MetricDef, Snapshot
 def _g(key: str) -> Callable[[Snapshot], float | None]:
     return lambda s: (None if s.pool is None or s.pool.grammar is None
                       else float(s.pool.grammar[key]))
+
+
+def _jump(key: str) -> Callable[[Snapshot], float | None]:
+    return lambda s: (None if s.pool is None or s.pool.grammar is None
+                      or key not in s.pool.grammar else float(s.pool.grammar[key]))
 
 
 def _share(s: Snapshot) -> float | None:
@@ -47,4 +53,10 @@ GRAMMAR_METRICS: list[MetricDef] = [
               "counter", _g("constrained_rows")),
     MetricDef("radixlm_grammar_constrained_row_share", "Constrained / all sampled rows since "
               "the first constrained request.", "gauge", _share),
+    MetricDef("radixlm_jump_forward_jumps", "Forced strings appended at once by jump-forward "
+              "decoding.", "counter", _jump("jumps")),
+    MetricDef("radixlm_jump_forward_tokens", "Output tokens jump-forward added without "
+              "sampling them (net of re-tokenization).", "counter", _jump("jumped_tokens")),
+    MetricDef("radixlm_jump_forward_retokenized", "Jumps that re-encoded tokens already in "
+              "the output.", "counter", _jump("retokenized")),
 ]

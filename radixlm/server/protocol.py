@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.message_checks import check_messages
@@ -73,6 +73,14 @@ class _SamplingFields(ConstraintFields, _Strict):
                     "many top alternatives, as `prompt_logprobs` on each completion choice "
                     "(on the response for chat; not with stream on chat). Such a request "
                     "does not use the prefix cache.")
+
+    @field_validator("prompt_logprobs", mode="before")
+    @classmethod
+    def _whole_vocabulary(cls, v: Any) -> Any:
+        if v == -1:  # vLLM: every vocabulary entry; bounded here like top_logprobs
+            raise ValueError(f"prompt_logprobs=-1 (the whole vocabulary) is not supported: "
+                             f"give 0 to {MAX_LOGPROBS} top alternatives per prompt token")
+        return v
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_SamplingFields":

@@ -2,7 +2,7 @@
 official `openai` client and LangChain's ChatOpenAI: schema outputs validate, required /
 named tool choice return parseable calls, streamed tool-call deltas reassemble to the
 non-streamed answer, bad constraints are 400s naming the field, /metrics shows the
-grammar counters, and after every test the pool invariant holds."""
+grammar and jump-forward counters, and after every test the pool invariant holds."""
 
 from __future__ import annotations
 
@@ -157,6 +157,36 @@ def test_metrics_show_grammar_counters(server: str) -> None:
                  "radixlm_grammar_queue_wait_seconds_total", "radixlm_grammar_mask_seconds_total",
                  "radixlm_grammar_constrained_row_share"):
         assert name in text
+
+
+def _metric(server: str, name: str, present: bool = True) -> float:
+    """A /metrics value; absent (no constrained request yet) reads 0 unless `present`."""
+    text = httpx.get(server + "/metrics", timeout=30).text
+    found = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.M)
+    assert found or not present, name
+    return float(found.group(1)) if found else 0.0
+
+
+def test_jump_forward_json_schema_streamed_equals_whole(client: Any, server: str) -> None:
+    """Jump-forward is on by default: the schema's fixed spans are jumped (the /metrics
+    counter grows), the JSON validates, streamed text == non-streamed, and a request with
+    logprobs jumps too and has one logprob per token."""
+    before = _metric(server, "radixlm_jump_forward_tokens_total", present=False)
+    kw = dict(model="m", messages=[{"role": "user", "content": "A person as JSON."}],
+              max_tokens=64, temperature=0, response_format={
+                  "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+    whole = client.chat.completions.create(**kw)
+    jsonschema.validate(json.loads(whole.choices[0].message.content), PERSON)
+    text = "".join(c.choices[0].delta.content or "" for c in
+                   client.chat.completions.create(stream=True, **kw) if c.choices)
+    assert text == whole.choices[0].message.content
+    mid = _metric(server, "radixlm_jump_forward_tokens_total")
+    assert mid > before
+    lp = client.chat.completions.create(logprobs=True, top_logprobs=2, **kw)
+    jsonschema.validate(json.loads(lp.choices[0].message.content), PERSON)
+    assert len(lp.choices[0].logprobs.content) == lp.usage.completion_tokens
+    assert all(t.logprob <= 0 for t in lp.choices[0].logprobs.content)
+    assert _metric(server, "radixlm_jump_forward_tokens_total") > mid
 
 
 # --- LangChain -----------------------------------------------------------------------------

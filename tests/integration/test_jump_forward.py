@@ -43,7 +43,7 @@ def make_engine():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mr, "load_model", functools.cache(mr.load_model))
-        yield lambda **kw: Engine(dtype="float32", device="cpu", max_total_tokens=2048, **kw)
+        yield lambda **kw: Engine(dtype="float32", device="cpu", **{"max_total_tokens": 2048, **kw})
 
 
 def _cases(engine: Engine):
@@ -198,4 +198,123 @@ def test_kv_after_jumps_equals_a_fresh_prefill(make_engine) -> None:
         fresh = k_last(ids)
         assert fresh.shape == k.shape
         torch.testing.assert_close(k, fresh, atol=2e-3, rtol=2e-3)
+    assert_all_slots_back(engine)
+
+
+def test_jumped_tails_ride_in_the_decode_step(make_engine, monkeypatch) -> None:
+    """A jumped request's new tail is an extend row of the next decode step (a MIXED batch
+    with the running requests), never an extend step of jumped tails alone while others
+    run (with a new prompt admitted in the same step they join its extend)."""
+    from radixlm.constrained.jump_forward import awaiting_extend
+    from radixlm.forward_batch import ForwardMode
+    from radixlm.scheduler.scheduler import Scheduler
+
+    engine = make_engine(disable_overlap_schedule=True)
+    seen: list[tuple[ForwardMode, bool, int]] = []  # (mode, only jumped tails extend, running)
+    real = Scheduler._next_batch
+
+    def spy(self):
+        jumped = {id(r) for r in self.waiting if awaiting_extend(r)}
+        batch = real(self)
+        if batch is not None:
+            ext = batch.extend_reqs if batch.forward_mode.is_extend() else []
+            only = bool(ext) and all(id(r) in jumped for r in ext)
+            seen.append((batch.forward_mode, only, len(self.running)))
+        return batch
+
+    monkeypatch.setattr(Scheduler, "_next_batch", spy)
+    cases = _cases(engine)
+    outs = engine.generate([p for p, *_ in cases], [_params(c) for _, c, _, _ in cases])
+    for (_, _, check, _), o in zip(cases, outs):
+        check(o["text"])
+    assert engine.scheduler.jump_forward.stats.jumps >= len(cases)
+    assert any(m is ForwardMode.MIXED and j for m, j, _ in seen), seen
+    assert not [s for s in seen if s[0] is ForwardMode.EXTEND and s[1] and s[2]], seen
+    assert_all_slots_back(engine)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_jumped_tokens_get_the_models_logprobs(make_engine, monkeypatch, overlap) -> None:
+    """Requests asking for logprobs jump too; a jumped token's logprob (and top-2) is the
+    model's: the prompt logprob of the same position in a fresh prefill of prompt + output."""
+    from radixlm.constrained.jump_forward import JumpForward
+
+    engine = make_engine(disable_overlap_schedule=not overlap)
+    jumped: dict[str, list[tuple[int, int]]] = {}
+    real = JumpForward.try_jump
+
+    def spy(self, req):
+        n = len(req.output_ids)
+        made = real(self, req)
+        if made:
+            jumped.setdefault(req.rid, []).append((n, len(req.output_ids)))
+        return made
+
+    monkeypatch.setattr(JumpForward, "try_jump", spy)
+    cases = _cases(engine)[:3]
+    rids = [engine.submit(p, _params(c, logprobs=True, top_logprobs=2), stream=True)
+            for p, c, _, _ in cases]
+    engine.run_until_done(rids)
+    outs = [engine.pop_result(r) for r in rids]
+    assert_all_slots_back(engine)
+    assert sum(len(v) for v in jumped.values()) >= len(cases)
+    for rid, (prompt, _, check, _), o in zip(rids, cases, outs):
+        check(o["text"])
+        ids = o["output_ids"]
+        assert [lp.token_id for lp in o["logprobs"]] == ids  # one per token, in order
+        ref = engine.generate(prompt + ids, SamplingParams(max_new_tokens=0, prompt_logprobs=2))
+        plp = ref["prompt_logprobs"]
+        first = len(prompt) - 1  # prompt_logprobs entry of output token 0
+        n_jumped = 0
+        for a, b in jumped.get(rid, []):
+            for i in range(a, b):
+                lp, e = o["logprobs"][i], first + i
+                assert plp.token_ids[e] == ids[i]
+                assert lp.logprob == pytest.approx(plp.logprobs[e], abs=2e-3), (i, lp)
+                assert [t for t, _ in lp.top] == plp.top_ids[e]
+                n_jumped += 1
+        assert n_jumped > 0
+    assert_all_slots_back(engine)
+
+
+@pytest.mark.timeout(1800)
+def test_retraction_while_jumping(make_engine, monkeypatch) -> None:
+    """A pool too small for the batch: requests are retracted (some while waiting with
+    their jumped tail), every output is valid and no slot leaks."""
+    from radixlm.constrained.jump_forward import awaiting_extend
+
+    engine = make_engine(max_total_tokens=150, chunked_prefill_size=32,
+                         disable_overlap_schedule=False)
+    sched = engine.scheduler
+    retracted: list[bool] = []
+    real = sched.kv.retract
+
+    def spy(req):
+        retracted.append(awaiting_extend(req))
+        return real(req)
+
+    monkeypatch.setattr(sched.kv, "retract", spy)
+    cases = _cases(engine)
+    prompts = [p for p, *_ in cases for _ in range(3)]
+    params = [_params(c, temperature=1.0, seed=s) for _, c, _, _ in cases for s in (1, 2, 3)]
+    outs = engine.generate(prompts, params)
+    for i, o in enumerate(outs):
+        assert o["meta_info"]["finish_reason"] == "stop", o
+        cases[i // 3][2](o["text"])
+    assert sched.num_retractions > 0 and sched.jump_forward.stats.jumps >= len(cases)
+    assert any(retracted), retracted
+    assert_all_slots_back(engine)
+
+
+@pytest.mark.timeout(1800)
+def test_deterministic_inference_with_jumps(make_engine) -> None:
+    """--enable-deterministic-inference: the same outputs alone and in one batch."""
+    cases = _cases(make_engine())[1:3]
+    engine = make_engine(enable_deterministic_inference=True)
+    prompts, params = [p for p, *_ in cases], [_params(c) for _, c, _, _ in cases]
+    together = [o["output_ids"] for o in engine.generate(prompts, params)]
+    alone = [engine.generate(p, sp)["output_ids"] for p, sp in zip(prompts, params)]
+    assert together == alone
+    assert engine.scheduler.jump_forward.stats.jumps >= len(cases)
     assert_all_slots_back(engine)

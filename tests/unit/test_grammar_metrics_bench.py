@@ -30,6 +30,18 @@ def test_grammar_metrics_absent_until_used_then_rendered() -> None:
     assert 'radixlm_grammar_queue_wait_seconds_total{model_name="tiny"} 0.25' in text
     assert 'radixlm_grammar_mask_seconds_total{model_name="tiny"} 0.01' in text
     assert 'radixlm_grammar_constrained_row_share{model_name="tiny"} 0.75' in text
+    assert "radixlm_jump_forward" not in text  # --disable-jump-forward: no JumpStats
+
+
+def test_jump_forward_metrics_rendered() -> None:
+    from radixlm.constrained.jump_forward import JumpStats
+
+    stats = {**GrammarStats().as_dict(), **JumpStats(jumps=4, jumped_tokens=17,
+                                                      retokenized=1).as_dict()}
+    text = _render(stats)
+    assert 'radixlm_jump_forward_jumps_total{model_name="tiny"} 4.0' in text
+    assert 'radixlm_jump_forward_tokens_total{model_name="tiny"} 17.0' in text
+    assert 'radixlm_jump_forward_retokenized_total{model_name="tiny"} 1.0' in text
 
 
 @requires_default_model
