@@ -279,35 +279,6 @@ def test_jumped_tokens_get_the_models_logprobs(make_engine, monkeypatch, overlap
 
 
 @pytest.mark.timeout(1800)
-def test_retraction_while_jumping(make_engine, monkeypatch) -> None:
-    """A pool too small for the batch: requests are retracted (some while waiting with
-    their jumped tail), every output is valid and no slot leaks."""
-    from radixlm.constrained.jump_forward import awaiting_extend
-
-    engine = make_engine(max_total_tokens=150, chunked_prefill_size=32,
-                         disable_overlap_schedule=False)
-    sched = engine.scheduler
-    retracted: list[bool] = []
-    real = sched.kv.retract
-
-    def spy(req):
-        retracted.append(awaiting_extend(req))
-        return real(req)
-
-    monkeypatch.setattr(sched.kv, "retract", spy)
-    cases = _cases(engine)
-    prompts = [p for p, *_ in cases for _ in range(3)]
-    params = [_params(c, temperature=1.0, seed=s) for _, c, _, _ in cases for s in (1, 2, 3)]
-    outs = engine.generate(prompts, params)
-    for i, o in enumerate(outs):
-        assert o["meta_info"]["finish_reason"] == "stop", o
-        cases[i // 3][2](o["text"])
-    assert sched.num_retractions > 0 and sched.jump_forward.stats.jumps >= len(cases)
-    assert any(retracted), retracted
-    assert_all_slots_back(engine)
-
-
-@pytest.mark.timeout(1800)
 def test_deterministic_inference_with_jumps(make_engine) -> None:
     """--enable-deterministic-inference: the same outputs alone and in one batch."""
     cases = _cases(make_engine())[1:3]
