@@ -41,7 +41,8 @@ def test_default_cpu_serving_config_gives_the_models_tokens(real_cpu) -> None:
     bf16 = set(machine_facts.BF16_FLAGS) & machine_facts.cpu_flags()  # from /proc/cpuinfo
     want_dtype = torch.bfloat16 if bf16 else torch.float32
     assert runner.dtype == want_dtype
-    if int4_kernel_runs_on(runner.device):
+    if want_dtype == torch.bfloat16 and int4_kernel_runs_on(runner.device):
+        # (the int4 method serves bfloat16 runs only: models/linear/policy.py)
         assert any(isinstance(m, Int4GroupwiseLinear) for m in runner.model.modules())
     graphs = runner.decode_graphs
     assert graphs is not None, "compiled decode graphs were refused"
