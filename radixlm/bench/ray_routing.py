@@ -31,7 +31,7 @@ import httpx
 from radixlm.bench.datasets import DatasetArgs, TokenPool, to_text
 from radixlm.bench.report import format_table
 from radixlm.bench.routing import build_parser as routing_parser
-from radixlm.bench.routing import router_spec
+from radixlm.bench.routing import router_spec, shared_prefix_dataset
 from radixlm.bench.serve import bench_one
 from radixlm.bench.serve_client import Target
 from radixlm.bench.serve_load import LoadConfig
@@ -181,11 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     engine_args = dict(ns.engine_arg)
     tokenizer = load_tokenizer(resolve_model_path(ns.model))
-    dataset = DatasetArgs(name="generated-shared-prefix", gsp_num_groups=ns.gsp_num_groups,
-                          gsp_prompts_per_group=ns.gsp_prompts_per_group,
-                          gsp_system_prompt_len=ns.gsp_system_prompt_len,
-                          gsp_question_len=ns.gsp_question_len,
-                          gsp_output_len=ns.gsp_output_len, seed=ns.seed)
+    dataset = shared_prefix_dataset(ns)
     pool = TokenPool.from_tokenizer(tokenizer)
     records: list[dict[str, Any]] = []
 

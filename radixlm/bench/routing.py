@@ -87,6 +87,15 @@ def summarize(records: list[dict[str, Any]], policies: list[str]) -> tuple[str, 
     return table, ratios
 
 
+def shared_prefix_dataset(ns: argparse.Namespace) -> DatasetArgs:
+    """The generated-shared-prefix workload of this command's --gsp-* flags."""
+    return DatasetArgs(name="generated-shared-prefix", gsp_num_groups=ns.gsp_num_groups,
+                       gsp_prompts_per_group=ns.gsp_prompts_per_group,
+                       gsp_system_prompt_len=ns.gsp_system_prompt_len,
+                       gsp_question_len=ns.gsp_question_len,
+                       gsp_output_len=ns.gsp_output_len, seed=ns.seed)
+
+
 def main(argv: list[str] | None = None) -> None:
     from radixlm.models.loader import resolve_model_path
     from radixlm.tokenizer.loader import load_tokenizer
@@ -94,11 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     engine_args = dict(ns.engine_arg)
     tokenizer = load_tokenizer(resolve_model_path(ns.model))
-    dataset = DatasetArgs(name="generated-shared-prefix", gsp_num_groups=ns.gsp_num_groups,
-                          gsp_prompts_per_group=ns.gsp_prompts_per_group,
-                          gsp_system_prompt_len=ns.gsp_system_prompt_len,
-                          gsp_question_len=ns.gsp_question_len,
-                          gsp_output_len=ns.gsp_output_len, seed=ns.seed)
+    dataset = shared_prefix_dataset(ns)
     pool = TokenPool.from_tokenizer(tokenizer)
     records: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
