@@ -146,6 +146,8 @@ def run_hicache_bench(cfg: HiCacheBenchConfig) -> dict[str, Any]:
         if "capacity" in cfg.parts:
             record["capacity"] = run_capacity(cfg, root / "capacity")
         if "bandwidth" in cfg.parts:
+            if not (root / "capacity").exists() and not (root / "restart").exists():
+                record["restart"] = run_restart(cfg, root / "restart")  # blocks to read back
             src = root / "capacity" if (root / "capacity").exists() else root / "restart"
             record["bandwidth"] = run_bandwidth(cfg, src)
     finally:
