@@ -71,11 +71,35 @@ def test_suffix_with_pages():
     assert d.propose([req([1, 2, 3, 4])], [3])[0].tokens == [5, 6, 7]
 
 
+def test_rejection_sampling_rule():
+    """min(1, p/q) acceptance, the residual norm(max(0, p - q)) on rejection, the bonus
+    after full acceptance: the emitted first token follows p (exact frequencies)."""
+    from radixlm.speculative.rejection import accept_with_probs
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.6, 0.0, 0.3]], dtype=torch.float64)
+    assert accept_with_probs(p, q, [], 3, None) == [3]
+    gen = torch.Generator().manual_seed(0)
+    n, counts, full = 20000, [0, 0, 0, 0], 0
+    for _ in range(n):
+        d = int(torch.multinomial(q[0], 1, generator=gen))
+        out = accept_with_probs(p, q, [d], 3, gen)
+        counts[out[0]] += 1
+        full += len(out) == 2
+        assert len(out) == 1 or out == [d, 3]
+    assert counts[3] == 0  # p(3) = 0: never emitted, though q drafts it 30% of the time
+    for c, want in zip(counts, p[0].tolist()):
+        assert abs(c / n - want) < 0.015, (counts, p[0])
+    # P(accept) = sum min(p, q) = 0.1 + 0.3 + 0 + 0 = 0.4
+    assert abs(full / n - 0.4) < 0.015
+
+
 def test_factory():
     cache = _tree([])
     assert make_drafter("ngram", cache).name == "NGRAM"
     assert make_drafter("SUFFIX", cache).name == "SUFFIX"
-    with pytest.raises(ValueError, match="not implemented"):
+    with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
         make_drafter("STANDALONE", cache)
+    with pytest.raises(ValueError, match="unknown"):
+        make_drafter("EAGLE", cache)
     with pytest.raises(ValueError):
         NgramDrafter(3, 2)
