@@ -1,22 +1,16 @@
 """SpeculativeDecoding: the scheduler's hook that replaces a decode step by a verify step.
 
-`run_step(sched)` is called where the scheduler would build a DECODE batch. It speculates
-only when every running request can ride (no grammar, penalty or jump-forward), at most
-`max_batch_size` decode, and some request has a draft. Pipelining: lookup drafts are first
-proposed from the state the scheduler knows (one step behind under overlap); only if one
-exists is the launched batch finished (so the step is serial), the drafts re-proposed from
-the exact tokens, and the verify batch run and processed at once. A `costly` drafter (a
-draft model) proposes once, after the launched batch is finished. Steps without drafts keep
-overlap. Acceptance, point-mass drafts (`Draft.probs` None): row j's target token t_j
-(greedy argmax, or a draw of the request's generator from the target's law; taking draft d
-iff t_j == d is exact rejection sampling, the emitted t_j on a mismatch follows the
-residual p - d, normalized); accepted = longest prefix with d_{j+1} == t_j, then t_m.
-Drafts with a law q (a draft model, sampling): rejection.py's min(1, p/q) rule against the
-target's law from the verify's logits. Tokens go through the usual stop checks one by one
-(a stop drops the rest); then kv_len is rolled back to seq_len - 1 (rejected positions'
-slots free at once; only accepted K/V reaches the cache). `forget_gone` drops the state
-(and draft KV) of requests that left the running set, every step and when idle.
-Adaptive: a request whose drafts miss twice in a row stops drafting for 2, 4, ... 64 steps.
+`run_step(sched)` runs where the scheduler would build a DECODE batch: only when every
+running request can ride (no grammar, penalty or jump-forward), at most `max_batch_size`
+decode, and some request has a draft. Lookup drafts are first proposed from the known
+(under overlap lagged) state; only then is the launched batch finished and the drafts
+re-proposed exactly; a `costly` drafter (draft model) proposes once, after finishing it.
+Point-mass drafts: accepted = longest prefix with d_{j+1} == t_j (the target's argmax or
+own draw: exact), then t_m. Drafts with a law q: rejection.py's min(1, p/q) rule against
+the target's law from the verify's logits. Tokens pass the stop checks one by one; then
+kv_len rolls back to seq_len - 1 (rejected slots free at once). `forget_gone` drops the
+state (and draft KV) of requests that left the running set. Adaptive: drafts that miss
+twice in a row pause drafting for 2, 4, ... 64 steps. More: docs/speculative.md.
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ slots are freed at once), feeds the tokens since then as one EXTEND, then draws 
 with k-1 DECODE steps. Greedy requests draft the argmax (a point mass, Draft.probs None);
 sampling requests draw with their own generator from the draft's law under their own
 temperature and cuts, returned per position for rejection sampling. `forget(rid)` frees a
-request's row and slots (finish, abort, retraction: the controller calls it when a request
-leaves the running set). Host work per step is O(batch x k), not O(tokens), after the first
-(prefill) feed.
+request's row and slots (finish, abort, retraction: called when it leaves the running set).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def _chat(client: Any, model: str, **kw) -> Any:
 
 def _complete(client: Any, model: str, **kw) -> Any:
     kw.setdefault("temperature", 0)
-    return client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX, **kw)
+    kw.setdefault("max_tokens", MAX)
+    return client.completions.create(model=model, prompt=PROMPT, **kw)
 
 
 def _client(url: str) -> Any:
