@@ -1,7 +1,7 @@
 """SpeculativeDecoding: the scheduler's hook that replaces a decode step by a verify step.
 
 `run_step(sched)` runs where the scheduler would build a DECODE batch: only when every
-running request can ride (no grammar, penalty or jump-forward), at most `max_batch_size`
+running request can ride (no penalty or jumped tail; grammars check drafts), at most `max_batch_size`
 decode, and some request has a draft. Lookup drafts are first proposed from the known
 (under overlap lagged) state; only then is the launched batch finished and the drafts
 re-proposed exactly; a `costly` drafter (draft model) proposes once, after finishing it.
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.forward_worker import ForwardTask
 from radixlm.forward_batch import ForwardMode
 from radixlm.scheduler.request_oom import fail_oom_requests
@@ -29,6 +30,7 @@ from radixlm.executor.sampler import Sampler, SamplingBatchInfo
 from radixlm.messages import TokenLogprob
 from radixlm.speculative.drafter import Draft, Drafter
 from radixlm.speculative.factory import make_drafter
+from radixlm.speculative.grammar_drafts import GrammarDrafts
 from radixlm.speculative.rejection import accept_with_probs
 from radixlm.speculative.stats import SpecStats
 from radixlm.speculative.verify_batch import prepare_verify
@@ -112,8 +114,9 @@ class SpeculativeDecoding:
     @staticmethod
     def can_ride(req: "Req") -> bool:
         """Whether a request may join a verify batch (its sampling needs nothing per step
-        that a multi-row verify would get wrong: grammar masks, penalty counts)."""
-        return req.grammar is None and req.jump_from is None and not req.uses_penalties
+        that a multi-row verify would get wrong: penalty counts, a jumped tail; grammars
+        are checked per draft row, grammar_drafts.py)."""
+        return req.jump_from is None and not req.uses_penalties
 
     def _budgets(self, reqs: list["Req"], context_len: int) -> list[int]:
         out = []
@@ -148,6 +151,10 @@ class SpeculativeDecoding:
             if not reqs:
                 return True
         drafts = self._propose(reqs, sched.context_len)
+        grammar = None
+        if any(r.grammar is not None for r in reqs) and any(d.tokens for d in drafts):
+            grammar = GrammarDrafts(sched.constrained.queue.backend, reqs, drafts)
+            drafts = grammar.drafts
         if not any(d.tokens for d in drafts):
             return False
         batch = sched._batch(reqs, ForwardMode.EXTEND)
@@ -161,7 +168,8 @@ class SpeculativeDecoding:
         task = ForwardTask(forward_batch=fb, sampling_reqs=row_reqs, keep=None,
                            rows=torch.tensor([r.req_pool_idx for r in row_reqs], dtype=torch.int64),
                            positions=positions,
-                           return_logits=any(d.probs is not None for d in drafts))
+                           return_logits=any(d.probs is not None for d in drafts),
+                           grammar=grammar)
         for r in reqs:
             r.inflight += 1
         try:
@@ -238,6 +246,8 @@ class SpeculativeDecoding:
             req.output_ids.append(tok)
             if lp is not None:
                 req.pending_logprobs.append(lp)
+            if req.grammar is not None:  # the matcher advances (may finish the request)
+                ConstrainedDecoding.accept(req, tok)
             op.check_finished(req, tok)
             if req.finished:
                 break  # the tokens after a stop are dropped

@@ -103,3 +103,58 @@ def test_factory():
         make_drafter("EAGLE", cache)
     with pytest.raises(ValueError):
         NgramDrafter(3, 2)
+
+
+class _FakeMatcher:
+    """Accepts token t after token t - 1 only (starting at 10), terminates at 14."""
+
+    def __init__(self) -> None:
+        self.seq: list[int] = []
+
+    def _next(self) -> int:
+        return self.seq[-1] + 1 if self.seq else 10
+
+    def accept(self, tok: int) -> bool:
+        if tok != self._next() or self.is_terminated():
+            return False
+        self.seq.append(tok)
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = self._next()  # one number per row stands for the allowed token
+
+    def is_terminated(self) -> bool:
+        return bool(self.seq) and self.seq[-1] == 14
+
+    def rollback(self, n: int) -> None:
+        del self.seq[-n:]
+
+
+class _FakeBackend:
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return torch.full((rows, 1), -7, dtype=torch.int32)
+
+    @staticmethod
+    def allow_all(bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = -1
+
+
+def test_grammar_drafts_cut_mask_and_roll_back():
+    from radixlm.speculative.drafter import Draft
+    from radixlm.speculative.grammar_drafts import GrammarDrafts
+    a, b, c, free = req([1], rid="a"), req([1], rid="b"), req([1], rid="c"), req([1], rid="d")
+    for r in (a, b, c):
+        r.grammar = _FakeMatcher()
+    c.grammar.seq = [10, 11]
+    probs = torch.full((3, 4), 0.25)
+    drafts = [Draft([10, 11, 99, 12]), Draft([10, 99, 5], probs), Draft([12, 13, 14, 15]),
+              Draft([3, 4])]
+    g = GrammarDrafts(_FakeBackend(), [a, b, c, free], drafts)
+    # a: cut before the rejected 99; b (drawn): keeps 99 (p = 0 rejects it); c: cut after
+    # the terminating 14; the unconstrained request is untouched.
+    assert [d.tokens for d in g.drafts] == [[10, 11], [10, 99], [12, 13, 14], [3, 4]]
+    assert g.drafts[1].probs.shape == (2, 4)
+    assert a.grammar.seq == [] and b.grammar.seq == [] and c.grammar.seq == [10, 11]
+    # rows: a 0..2 (next 10, 11, 12), b 3..5 (10, 11, never read), c 6..9 (12, 13, 14, any)
+    assert g.bitmask[:10, 0].tolist() == [10, 11, 12, 10, 11, -1, 12, 13, 14, -1]
+    assert g.rows == list(range(10)) and g.bitmask.shape[0] == 13
