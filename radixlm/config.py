@@ -159,17 +159,20 @@ class ServerArgs:
     speculative_algorithm: str | None = _opt(
         None, "Speculative decoding (radixlm/speculative/): NGRAM drafts by prompt lookup in "
         "the request's own prompt and output; SUFFIX drafts the continuation of the request's "
-        "tokens cached in the radix tree (other requests' prompts and outputs). Drafts are "
+        "tokens cached in the radix tree (other requests' prompts and outputs); STANDALONE "
+        "runs a small draft model with the same tokenizer (--speculative-draft-model-path) "
+        "on its own KV pool. Drafts are "
         "verified in one forward; greedy outputs are unchanged, sampled ones keep the target's "
         "distribution. Off for constrained, penalized and deterministic runs "
         "(docs/speculative.md).", ["NGRAM", "SUFFIX", "STANDALONE"])
     speculative_num_draft_tokens: int = _opt(
         4, "Most draft tokens verified per request per step.")
     speculative_num_steps: int | None = _opt(
-        None, "Draft chain depth (draft-model steps); NGRAM/SUFFIX draft chains of "
+        None, "Draft chain depth (draft-model steps); every drafter drafts chains of "
         "min(this, --speculative-num-draft-tokens) tokens. Default: the draft tokens.")
     speculative_draft_model_path: str | None = _opt(
-        None, "Draft model for STANDALONE (not implemented yet: refused).")
+        None, "Draft model for STANDALONE (a path or name as --model takes; its vocabulary "
+        "must be the target's, checked at start).")
     speculative_ngram_min: int = _opt(2, "NGRAM: shortest suffix (tokens) looked up.")
     speculative_ngram_max: int = _opt(5, "NGRAM: longest suffix (tokens) looked up first.")
     speculative_disable_by_batch_size: int = _opt(

@@ -49,6 +49,11 @@ class GrammarMatcher(ABC):
         return text."""
         raise NotImplementedError
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (speculative drafts are checked by
+        accepting them, then rolled back: radixlm/speculative/grammar_drafts.py)."""
+        raise NotImplementedError
+
 
 class GrammarBackend(ABC):
     """One per model: built from the tokenizer and the LM head's vocabulary size."""

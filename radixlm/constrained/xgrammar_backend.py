@@ -78,6 +78,9 @@ class XGrammarMatcher(GrammarMatcher):
     def accept_string(self, text: str) -> bool:
         return bool(self.m.accept_string(text))
 
+    def rollback(self, num_tokens: int) -> None:
+        self.m.rollback(num_tokens)
+
 
 class XGrammarBackend(GrammarBackend):
     def __init__(self, tokenizer_info: Any, compile_threads: int = 1) -> None:

@@ -62,6 +62,9 @@ class ForwardTask:
     grammar: Any = None
     # EXTEND: the prompt positions whose logprobs requests asked for (prompt_logprobs.py).
     prompt_logprobs: PromptLogprobPlan | None = None
+    # Hand the sampled rows' logits back (SampleOutput.logits): speculative decoding's
+    # rejection sampling against a draft model's distribution needs the target's.
+    return_logits: bool = False
 
 
 @dataclass
@@ -164,7 +167,8 @@ class ForwardWorker:
             lp = out.logprob_tensors
             return SampleOutput(self.streams.to_host(out.next_token_ids),
                                 None if lp is None else lp.map_tensors(self.streams.to_host),
-                                failed or None, prompt_lp)
+                                failed or None, prompt_lp,
+                                logits=logits.float() if task.return_logits else None)
 
     def _forward_with_prompt_logprobs(
             self, fb: ForwardBatch, plan: PromptLogprobPlan | None,

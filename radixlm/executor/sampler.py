@@ -181,6 +181,8 @@ class SampleOutput:
     failed: dict[int, str] | None = None
     # EXTEND: the prompt logprobs the batch's plan asked for (executor/prompt_logprobs.py).
     prompt_logprobs: "PromptLogprobTensors | None" = None
+    # [B, V] on the device: the rows' logits, when the task asked (ForwardTask.return_logits).
+    logits: torch.Tensor | None = None
 
     def token_logprobs(self) -> list[TokenLogprob | None]:
         """Per row: its TokenLogprob, or None where it did not ask (host reads)."""
@@ -227,6 +229,23 @@ class Sampler:
                                        i)
 
         return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))
+
+    @staticmethod
+    def distribution(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """[B, V] float32: the law each row draws from (temperature, min-p, top-k/top-p,
+        logit_bias; no penalties), a one-hot at the argmax for greedy rows. What
+        speculative decoding's rejection sampling compares draft and target by."""
+        logits = logits.float()
+        if info.logit_bias is not None:
+            logits = logits.index_put(info.logit_bias[:2], info.logit_bias[2], accumulate=True)
+        probs = torch.softmax(logits / info.temperatures, dim=-1)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        probs = Sampler._cut(probs, info, rows)
+        greedy = torch.tensor(info.greedy, dtype=torch.bool, device=logits.device)
+        if bool(greedy.any()):
+            one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+            probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+        return probs
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

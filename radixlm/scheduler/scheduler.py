@@ -137,7 +137,8 @@ class Scheduler:
                                                synchronous=grammar_synchronous)
         self.constrained.snapshot_generators = overlap and self.jump_forward is not None
         # Speculative decoding (radixlm/speculative/): a verify step replaces a decode step.
-        self.speculative = None if speculative is None else speculative.build(self.tree_cache)
+        self.speculative = (None if speculative is None
+                            else speculative.build(self.tree_cache, runner, tokenizer))
         # GET /dashboard's step history and snapshots; records only while a page watches.
         self.dashboard = DashboardProbe()
         self.oom = OOMRecovery(self.kv, self.queues, self.limits, runner, chunked_prefill_size,
@@ -401,6 +402,8 @@ class Scheduler:
             if self.speculative is not None and self.speculative.run_step(self):
                 return None  # a verify step ran and was processed in place of a decode
             return self._decode_batch()
+        if self.speculative is not None:
+            self.speculative.forget_gone([])  # nothing decodes: a draft model's KV goes back
         if self.jump_forward is not None and self.inflight is None:
             self.jump_forward.unblock(self)
         return None

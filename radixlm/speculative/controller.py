@@ -1,18 +1,16 @@
 """SpeculativeDecoding: the scheduler's hook that replaces a decode step by a verify step.
 
-`run_step(sched)` is called where the scheduler would build a DECODE batch. It speculates
-only when every running request can ride (no grammar, penalty or jump-forward), at most
-`max_batch_size` decode, and some request has a draft. Pipelining: drafts are first proposed
-from the state the scheduler knows (one step behind under overlap); only if one exists is
-the launched batch finished (so the step is serial), the drafts re-proposed from the exact
-tokens, and the verify batch run and processed at once. Steps without drafts keep overlap.
-Acceptance: row j's target token t_j (greedy argmax, or a draw of the request's generator
-from the target's distribution: for a point-mass draft, taking draft d iff t_j == d is exact
-rejection sampling, the emitted t_j on a mismatch follows the residual p - d, normalized);
-accepted = longest prefix with d_{j+1} == t_j, then t_m is the bonus token. Tokens go
-through the usual stop checks one by one (a stop drops the rest); then kv_len is rolled back
-to seq_len - 1 (rejected positions' slots free at once; only accepted K/V reaches the cache).
-Adaptive: a request whose drafts miss twice in a row stops drafting for 2, 4, ... 64 steps.
+`run_step(sched)` runs where the scheduler would build a DECODE batch: only when every
+running request can ride (no penalty or jumped tail; grammars check drafts), at most `max_batch_size`
+decode, and some request has a draft. Lookup drafts are first proposed from the known
+(under overlap lagged) state; only then is the launched batch finished and the drafts
+re-proposed exactly; a `costly` drafter (draft model) proposes once, after finishing it.
+Point-mass drafts: accepted = longest prefix with d_{j+1} == t_j (the target's argmax or
+own draw: exact), then t_m. Drafts with a law q: rejection.py's min(1, p/q) rule against
+the target's law from the verify's logits. Tokens pass the stop checks one by one; then
+kv_len rolls back to seq_len - 1 (rejected slots free at once). `forget_gone` drops the
+state (and draft KV) of requests that left the running set. Adaptive: drafts that miss
+twice in a row pause drafting for 2, 4, ... 64 steps. More: docs/speculative.md.
 """
 
 from __future__ import annotations
@@ -23,12 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixlm.constrained.scheduler_hooks import ConstrainedDecoding
 from radixlm.executor.forward_worker import ForwardTask
 from radixlm.forward_batch import ForwardMode
 from radixlm.scheduler.request_oom import fail_oom_requests
 from radixlm.scheduler.schedule_batch import OutOfKVSlots
-from radixlm.speculative.drafter import Drafter
+from radixlm.executor.sampler import Sampler, SamplingBatchInfo
+from radixlm.messages import TokenLogprob
+from radixlm.speculative.drafter import Draft, Drafter
 from radixlm.speculative.factory import make_drafter
+from radixlm.speculative.grammar_drafts import GrammarDrafts
+from radixlm.speculative.rejection import accept_with_probs
 from radixlm.speculative.stats import SpecStats
 from radixlm.speculative.verify_batch import prepare_verify
 
@@ -54,6 +57,7 @@ class SpecConfig:
     ngram_min: int = 2
     ngram_max: int = 5
     max_batch_size: int = 4
+    draft_model_path: str | None = None
 
     @classmethod
     def from_args(cls, args) -> "SpecConfig | None":
@@ -61,10 +65,16 @@ class SpecConfig:
         --enable-deterministic-inference (speculation is turned off there: a verify
         forward's extend rows would not be bit-identical to decode steps)."""
         if args.speculative_algorithm is None:
+            if args.speculative_draft_model_path is not None:
+                raise ValueError("--speculative-draft-model-path needs "
+                                 "--speculative-algorithm STANDALONE")
             return None
-        if args.speculative_draft_model_path is not None or args.speculative_algorithm == "STANDALONE":
-            raise ValueError("--speculative-algorithm STANDALONE (a draft model) is not "
-                             "implemented yet; use NGRAM or SUFFIX")
+        standalone = args.speculative_algorithm.upper() == "STANDALONE"
+        if standalone != (args.speculative_draft_model_path is not None):
+            raise ValueError("--speculative-algorithm STANDALONE and "
+                             "--speculative-draft-model-path go together (got "
+                             f"{args.speculative_algorithm} and "
+                             f"{args.speculative_draft_model_path})")
         if args.enable_deterministic_inference:
             logger.warning("--enable-deterministic-inference: speculative decoding is off")
             return None
@@ -72,11 +82,14 @@ class SpecConfig:
         if args.speculative_num_steps is not None:
             k = min(k, args.speculative_num_steps)
         return cls(args.speculative_algorithm, k, args.speculative_ngram_min,
-                   args.speculative_ngram_max, args.speculative_disable_by_batch_size)
+                   args.speculative_ngram_max, args.speculative_disable_by_batch_size,
+                   args.speculative_draft_model_path)
 
-    def build(self, tree_cache: "RadixCache") -> "SpeculativeDecoding":
+    def build(self, tree_cache: "RadixCache", runner=None, tokenizer=None) -> "SpeculativeDecoding":
+        """`runner`, `tokenizer`: the target's (a draft model is loaded beside it)."""
         return SpeculativeDecoding(make_drafter(self.algorithm, tree_cache, self.ngram_min,
-                                                self.ngram_max),
+                                                self.ngram_max, self.draft_model_path, runner,
+                                                tokenizer, self.num_draft_tokens),
                                    self.num_draft_tokens, self.max_batch_size)
 
 
@@ -101,50 +114,62 @@ class SpeculativeDecoding:
     @staticmethod
     def can_ride(req: "Req") -> bool:
         """Whether a request may join a verify batch (its sampling needs nothing per step
-        that a multi-row verify would get wrong: grammar masks, penalty counts)."""
-        return req.grammar is None and req.jump_from is None and not req.uses_penalties
+        that a multi-row verify would get wrong: penalty counts, a jumped tail; grammars
+        are checked per draft row, grammar_drafts.py)."""
+        return req.jump_from is None and not req.uses_penalties
 
     def _budgets(self, reqs: list["Req"], context_len: int) -> list[int]:
         out = []
         for r in reqs:
             st = self._state.setdefault(r.rid, _ReqState())
             room = min(r.remaining_new_tokens, context_len - r.seq_len) - 1
+            if room <= 0:  # its last token: a draft model's KV for it can go now
+                self.drafter.forget(r.rid)
             out.append(0 if st.skip_until > self._steps else max(0, min(self.k, room)))
         return out
 
-    def _propose(self, reqs: list["Req"], context_len: int) -> list[list[int]]:
+    def _propose(self, reqs: list["Req"], context_len: int) -> list[Draft]:
         drafts = self.drafter.propose(reqs, self._budgets(reqs, context_len))
-        return [d.tokens[:self.k] for d in drafts]
+        return [d if len(d.tokens) <= self.k else
+                Draft(d.tokens[:self.k], None if d.probs is None else d.probs[:self.k])
+                for d in drafts]
 
     def run_step(self, sched: "Scheduler") -> bool:
         """Run one verify step in place of a decode step; False: decode as usual."""
         self._steps += 1
-        self._forget_gone(sched.running)
+        self.forget_gone(sched.running)
         reqs = list(sched.running)
         if (not reqs or len(reqs) > self.max_batch_size
                 or not all(self.can_ride(r) for r in reqs)):
             return False
-        if not any(self._propose(reqs, sched.context_len)):  # known state (overlap: lagged)
-            return False
+        costly = getattr(self.drafter, "costly", False)  # a draft model: propose once
+        if not costly and not any(d.tokens for d in self._propose(reqs, sched.context_len)):
+            return False  # known state (overlap: lagged)
         if sched.inflight is not None:
             sched.finish_inflight()  # exact tokens: this step is serial
             reqs = list(sched.running)
             if not reqs:
                 return True
         drafts = self._propose(reqs, sched.context_len)
-        if not any(drafts):
+        grammar = None
+        if any(r.grammar is not None for r in reqs) and any(d.tokens for d in drafts):
+            grammar = GrammarDrafts(sched.constrained.queue.backend, reqs, drafts)
+            drafts = grammar.drafts
+        if not any(d.tokens for d in drafts):
             return False
         batch = sched._batch(reqs, ForwardMode.EXTEND)
         try:
-            fb = prepare_verify(batch, drafts)
+            fb = prepare_verify(batch, [d.tokens for d in drafts])
         except OutOfKVSlots:
             return False  # the decode path retracts if even one token each does not fit
         batch.commit_kv()
-        row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
+        row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d.tokens) + 1)]
         positions = [p + 1 for p in fb.positions.tolist()]
         task = ForwardTask(forward_batch=fb, sampling_reqs=row_reqs, keep=None,
                            rows=torch.tensor([r.req_pool_idx for r in row_reqs], dtype=torch.int64),
-                           positions=positions)
+                           positions=positions,
+                           return_logits=any(d.probs is not None for d in drafts),
+                           grammar=grammar)
         for r in reqs:
             r.inflight += 1
         try:
@@ -161,20 +186,52 @@ class SpeculativeDecoding:
         lps = sampled.token_logprobs() if ok else []
         s = 0
         for r, d in zip(reqs, drafts):
-            rows = slice(s, s + len(d) + 1)
-            s += len(d) + 1
+            rows = slice(s, s + len(d.tokens) + 1)
+            s += len(d.tokens) + 1
             if ok and not r.finished:
-                self._accept(sched, r, d, targets[rows], lps[rows])
+                if d.probs is None:  # a point mass: accept while the target drew the draft
+                    m = 0
+                    while m < len(d.tokens) and d.tokens[m] == targets[rows][m]:
+                        m += 1
+                    emitted = targets[rows][:m + 1]
+                else:
+                    emitted = self._rejection_sample(r, d, sampled.logits[rows], targets[rows])
+                self._accept(sched, r, len(d.tokens), emitted, self._logprobs(
+                    r, emitted, targets[rows], lps[rows], sampled.logits, rows))
             sched.kv.roll_back(r, r.seq_len - 1)
+            if r.finished:
+                self.drafter.forget(r.rid)  # a draft model's KV goes back at once
         return True
 
-    def _accept(self, sched: "Scheduler", req: "Req", draft: list[int], targets: list[int],
+    @staticmethod
+    def _rejection_sample(req: "Req", draft: Draft, logits: torch.Tensor,
+                          targets: list[int]) -> list[int]:
+        """Tokens emitted for a draft with its distribution (rejection.py); the target's
+        own draw at the last row is the bonus token."""
+        info = SamplingBatchInfo.from_reqs([req] * logits.shape[0], logits.shape[1],
+                                           logits.device)
+        p = Sampler.distribution(logits, info)
+        return accept_with_probs(p, draft.probs.to(p.device), draft.tokens, targets[-1],
+                                 req.generator)
+
+    @staticmethod
+    def _logprobs(req: "Req", emitted: list[int], targets: list[int], lps: list,
+                  logits: torch.Tensor | None, rows: slice) -> list:
+        """The target's logprobs of the emitted tokens: the sampler's where it drew the
+        emitted token, else read from the row's logits (same alternatives)."""
+        out = list(lps[:len(emitted)])
+        for j, (e, t) in enumerate(zip(emitted, targets)):
+            if e != t and out[j] is not None:
+                row = torch.log_softmax(logits[rows][j].float(), dim=-1)
+                out[j] = TokenLogprob(e, float(row[e]), out[j].top)
+        return out
+
+    def _accept(self, sched: "Scheduler", req: "Req", drafted: int, emitted: list[int],
                 lps: list) -> None:
-        m = 0
-        while m < len(draft) and draft[m] == targets[m]:
-            m += 1
-        if draft:
-            self.stats.record(len(draft), m)
+        """`emitted`: the accepted drafts then the target's token (len = accepted + 1)."""
+        m = len(emitted) - 1
+        if drafted:
+            self.stats.record(drafted, m)
             st = self._state.setdefault(req.rid, _ReqState())
             if m == 0:
                 st.misses += 1
@@ -185,19 +242,24 @@ class SpeculativeDecoding:
             else:
                 st.misses, st.backoff = 0, 1
         op = sched.output_processor
-        for tok, lp in zip(targets[:m + 1], lps[:m + 1]):
+        for tok, lp in zip(emitted, lps):
             req.output_ids.append(tok)
             if lp is not None:
                 req.pending_logprobs.append(lp)
+            if req.grammar is not None:  # the matcher advances (may finish the request)
+                ConstrainedDecoding.accept(req, tok)
             op.check_finished(req, tok)
             if req.finished:
                 break  # the tokens after a stop are dropped
         if req.stream and not req.finished:
             sched.outbox.append(op.make_output(req))
 
-    def _forget_gone(self, running: list["Req"]) -> None:
-        if len(self._state) > 2 * len(running) + 16:
-            live = {r.rid for r in running}
-            for rid in [rid for rid in self._state if rid not in live]:
-                del self._state[rid]
-                self.drafter.forget(rid)
+    def forget_gone(self, running: list["Req"]) -> None:
+        """Drop per-request state (and a draft model's KV) of requests no longer running:
+        finished, aborted, retracted. O(running + gone since the last call)."""
+        live = {r.rid for r in running}
+        for rid in [rid for rid in self._state if rid not in live]:
+            del self._state[rid]
+            self.drafter.forget(rid)
+        for rid in [rid for rid in getattr(self.drafter, "tracked", ()) if rid not in live]:
+            self.drafter.forget(rid)

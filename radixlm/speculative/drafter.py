@@ -2,10 +2,12 @@
 
 A `Drafter` proposes, for each running request, up to `max_tokens[i]` draft tokens that
 continue the request's tokens so far (prompt + output), and optionally each position's draft
-distribution (`Draft.probs`, [k, V]; None = a point mass on the token, as for the lookup
-drafters here; an EAGLE-like head or a draft model would fill it). Drafters only read the
-requests and the radix tree; they own no KV and never change the tree. `forget(rid)` drops
-per-request state once a request leaves. `factory.make_drafter` is the one place a name becomes a class.
+distribution (`Draft.probs`, [k, V], the law each token was drawn from; None = a point mass,
+as for the lookup drafters and greedy requests; the draft model fills it, an EAGLE-like
+head would too). Drafters never change the target's pools or the radix tree; the draft model
+owns a KV pool of its own (draft_model.py). `forget(rid)` drops per-request state (and its
+KV) once a request leaves; a drafter with `costly = True` is proposed to once per step.
+`factory.make_drafter` is the one place a name becomes a class.
 """
 
 from __future__ import annotations

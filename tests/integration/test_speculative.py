@@ -170,3 +170,30 @@ def test_retraction_under_a_tiny_pool(make_engine, reference):
     assert eng.scheduler.num_retractions > 0
     assert eng.scheduler.speculative.stats.accepted > 0
     assert_all_slots_back(eng, small)
+
+
+def test_logprobs_and_streaming(make_engine, reference):
+    """Logprobs with speculation are the target's without it; a stream carries several
+    accepted tokens per delta and its text adds up to the whole output's."""
+    prompts, want = reference
+    params = greedy(logprobs=True, top_logprobs=2)
+    ref = make_engine(disable_radix_cache=True).generate(prompts[-1], params)
+    assert ref["output_ids"] == want[-1]
+    eng = make_engine(speculative_algorithm="NGRAM")
+    rid = eng.submit(prompts[-1], params, stream=True)
+    deltas: list[tuple[list[int], str]] = []
+    while not eng.result(rid)["finished"]:
+        deltas += [(o.token_ids_delta, o.text_delta) for o in eng.step()
+                   if o.rid == rid and o.token_ids_delta]
+    eng.settle()
+    got = eng.pop_result(rid)
+    assert got["output_ids"] == want[-1]
+    assert [t for d, _ in deltas for t in d] == want[-1]
+    assert "".join(t for _, t in deltas) == ref["text"] == got["text"]
+    assert max(len(d) for d, _ in deltas) > 1, [len(d) for d, _ in deltas]
+    assert [lp.token_id for lp in got["logprobs"]] == want[-1]
+    for a, b in zip(got["logprobs"], ref["logprobs"], strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    assert eng.scheduler.speculative.stats.accepted > 0
+    assert_all_slots_back(eng, POOL)
