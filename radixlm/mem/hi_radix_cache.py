@@ -150,7 +150,9 @@ class HiRadixCache(RadixCache):
         """If the storage tier continues `match` of `key`, start loading those blocks for
         `req` and return the change of the admission KV budget (<= 0); the request then
         waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
-        Raises LoadInFlight when another request is loading the same blocks (defer it)."""
+        Raises LoadInFlight (defer it) when another request is loading the same blocks, or
+        when the blocks do not fit the budget now but KV held by requests or loads will come
+        back (`_kv_comes_back`)."""
         b = self.block
         first, nblocks = match.prefix_len // b, len(key) // b
         if nblocks <= first or self.tiers.num_blocks() == 0 and not self.io.has_pending():
@@ -167,7 +169,11 @@ class HiRadixCache(RadixCache):
         delta = self.inc_lock_ref(match.last_node)
         if kv_budget + delta < need:
             self.dec_lock_ref(match.last_node)
-            return None  # no room for it now: compute the prefix instead
+            if self._kv_comes_back():
+                # Wait for the room: admitted now, the request would compute the prefix in
+                # chunks the budget allows and every stored block would go to waste.
+                raise LoadInFlight
+            return None  # it never fits: compute the prefix instead
         short = need - self.allocator.available_size()
         if short > 0:
             self.evict(short)
@@ -184,6 +190,11 @@ class HiRadixCache(RadixCache):
         self._loading_slots += need
         self.io.load(job)
         return delta - need
+
+    def _kv_comes_back(self) -> bool:
+        """Requests or loads in flight hold KV slots (they return them when done)."""
+        held = self.allocator.size - self.allocator.available_size() - self.total_size()
+        return bool(self._loading) or held > 0
 
     def poll_loads(self, timeout: float = 0.0) -> list:
         """Finish the loads the loader completed (waiting up to `timeout` for the first;
