@@ -7,9 +7,9 @@ freed; the host tier's LRU evictions go to storage (TieredKVStore). Write policy
 write_back writes only on eviction; write_through also writes a request's blocks when it
 finishes, to host and storage; write_through_selective only for requests that hit the
 cache (prefixes seen twice). A failed request's poisoned positions are never written. A
-match that continues into a lower tier starts a LoadJob (`start_load`): the matched device path is locked, fresh
-slots are allocated and the loader thread fills them; `poll_loads` (each step) inserts the
-loaded blocks into the tree, unlocks, and hands the request back to the waiting queue.
+match that continues into a lower tier starts a LoadJob (`start_load`): the matched device
+path is locked, fresh slots are allocated and the loader thread fills them; `poll_loads`
+(each step) inserts the loaded blocks into the tree, unlocks, and hands the request back.
 Invariant: free + tree + requests + slots of loads in flight == total (`total_size`
 counts the latter). More: docs/memory.md, "Hierarchical cache".
 """
@@ -147,7 +147,7 @@ class HiRadixCache(RadixCache):
     # --- loads ------------------------------------------------------------------------------
 
     def start_load(self, req, key: list[int], match: MatchResult, kv_budget: int) -> int | None:
-        """If the storage tier continues `match` of `key`, start loading those blocks for
+        """If a lower tier continues `match` of `key`, start loading those blocks for
         `req` and return the change of the admission KV budget (<= 0); the request then
         waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
         Raises LoadInFlight (defer it) when another request is loading the same blocks, or

@@ -4,8 +4,8 @@ threads (a writer and a loader) with their queues.
 A block's bytes are laid out [K|V][layer][token][head][dim] in the pool's dtype, viewed as
 uint8 (`KVTier`): a block copied out and back lands bit-identical. The scheduler thread
 only enqueues: the writer thread puts blocks into the tiers (host, storage), the loader
-thread reads them (pending writes first, then host, then storage) and copies them into slots the scheduler allocated for
-the job, then puts the job on the completion queue the scheduler polls each step.
+thread reads them (pending writes first, then host, then storage), copies them into the
+slots the scheduler allocated for the job and puts the job on the completion queue.
 """
 
 from __future__ import annotations
