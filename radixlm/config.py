@@ -183,13 +183,14 @@ class ServerArgs:
         "evicts are demoted to a storage tier of files instead of dropped, matches continue "
         "into it and load those pages back asynchronously, and the files survive restarts "
         "(radixlm/mem/hi_radix_cache.py, docs/memory.md).")
-    hicache_ratio: float = _opt(
-        2.0, "Host tier size as a multiple of the device KV pool (SGLang's flag). Accepted "
-        "for compatibility; radixlm has no host tier yet (on the CPU it would be the same "
-        "RAM as the device pool; docs/memory.md, 'Hierarchical cache').")
+    hicache_ratio: float | None = _opt(
+        None, "Host tier of --enable-hierarchical-cache (K/V blocks in host memory, between "
+        "the device pool and the storage tier) as a multiple of the device KV pool (SGLang's "
+        "flag). Default: 2.0 on CUDA (pinned memory); on the CPU backend no host tier (it "
+        "is the same RAM as the KV pool; measured in docs/memory.md), unless this or "
+        "--hicache-size is given. 0: none.")
     hicache_size: int = _opt(
-        0, "Host tier size in GB, overriding --hicache-ratio (SGLang's flag; accepted, "
-        "no host tier yet).")
+        0, "Host tier size in GB, overriding --hicache-ratio (SGLang's flag).")
     hicache_write_policy: str = _opt(
         "write_through", "When pages reach the storage tier: write_through (when a request "
         "finishes, and on eviction), write_through_selective (finishing requests only if "

@@ -128,6 +128,8 @@ def _hicache(ns: argparse.Namespace) -> None:
                              device_tokens=ns.device_tokens, num_prefixes=ns.num_prefixes,
                              prefix_len=ns.prefix_len,
                              requests_per_prefix=ns.requests_per_prefix,
+                             suffix_len=ns.suffix_len, output_len=ns.output_len,
+                             host_ratio=ns.host_ratio,
                              storage_dir=ns.storage_dir, seed=ns.seed, parts=tuple(ns.parts))
     record = run_hicache_bench(cfg)
     if ns.output_file:
@@ -475,6 +477,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     hc.add_argument("--prefix-len", type=int, default=2048)
     hc.add_argument("--requests-per-prefix", type=int, default=32,
                     help="Requests revisiting each prefix (scale down on a slow machine).")
+    hc.add_argument("--suffix-len", type=int, default=16,
+                    help="Distinct tokens after each prefix (capacity).")
+    hc.add_argument("--output-len", type=int, default=8, help="Tokens generated (capacity).")
+    hc.add_argument("--host-ratio", type=float, default=2.0,
+                    help="Capacity: also run the host tier (this x the device pool) over the "
+                    "storage tier, and the device pool enlarged by the same bytes instead "
+                    "(0: skip both).")
     hc.add_argument("--storage-dir", default=None, help="Default: a temporary directory.")
     hc.add_argument("--parts", nargs="+", default=["restart", "capacity", "bandwidth"],
                     choices=["restart", "capacity", "bandwidth"])

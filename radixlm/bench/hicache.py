@@ -1,8 +1,11 @@
 """`radixlm bench hicache`: the hierarchical cache's three measurements in one run, in
 process (the offline Engine): restart TTFT of a long shared system prompt with the storage
-tier vs without; capacity (a small device pool, distinct long prefixes revisited in random
-order) hit rate and throughput with the tier vs without; storage load bandwidth vs the
-disk's own read bandwidth (`dd`, direct and through the page cache)."""
+tier vs without; capacity (a device pool of N tokens, P distinct L-token prefixes each
+revisited by R requests in a fixed random order) hit rate (cached / prompt tokens) and
+throughput side by side: no tiers, the storage tier, host tier (host_ratio x N) over
+storage, and no tiers with the device pool enlarged by the host tier's bytes (what the
+same RAM buys as KV pool on the CPU backend); storage load bandwidth vs the disk's own
+read bandwidth (`dd`, direct and through the page cache). Every size is a flag."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class HiCacheBenchConfig:
     requests_per_prefix: int = 32
     suffix_len: int = 16
     output_len: int = 8
+    host_ratio: float = 2.0  # capacity: host tier = this x device_tokens (0: skip)
     storage_dir: str | None = None
     seed: int = 0
     parts: tuple[str, ...] = ("restart", "capacity", "bandwidth")
@@ -44,6 +48,7 @@ def _engine(cfg: HiCacheBenchConfig, storage: Path | None, **kw: Any):
     if storage is not None:
         kw.update(enable_hierarchical_cache=True, hicache_storage_dir=str(storage),
                   hicache_storage_size="64GiB")
+        kw.setdefault("hicache_ratio", 0.0)
     return Engine(model=cfg.model, **kw)
 
 
@@ -71,29 +76,56 @@ def run_restart(cfg: HiCacheBenchConfig, storage: Path) -> dict[str, Any]:
     return out
 
 
-def run_capacity(cfg: HiCacheBenchConfig, storage: Path) -> dict[str, Any]:
+def capacity_prompts(cfg: HiCacheBenchConfig) -> list[list[int]]:
+    """P prefixes of L tokens, each revisited by R requests (a distinct suffix each), in a
+    random order fixed by the seed."""
     rng = random.Random(cfg.seed + 1)
     prefixes = [_ids(rng, cfg.prefix_len) for _ in range(cfg.num_prefixes)]
     order = [i for i in range(cfg.num_prefixes) for _ in range(cfg.requests_per_prefix)]
     rng.shuffle(order)
-    prompts = [prefixes[i] + _ids(rng, cfg.suffix_len) for i in order]
+    return [prefixes[i] + _ids(rng, cfg.suffix_len) for i in order]
+
+
+def capacity_ideal_hit_rate(cfg: HiCacheBenchConfig, block: int = 64) -> float:
+    """The hit rate of a cache that never forgets: every request but a prefix's first
+    reuses its whole blocks (the last prompt token is always computed)."""
+    hit = (cfg.requests_per_prefix - 1) * (min(cfg.prefix_len, cfg.prefix_len + cfg.suffix_len
+                                               - 1) // block * block)
+    return hit / (cfg.requests_per_prefix * (cfg.prefix_len + cfg.suffix_len))
+
+
+def run_capacity(cfg: HiCacheBenchConfig, storage: Path) -> dict[str, Any]:
+    prompts = capacity_prompts(cfg)
     params = SamplingParams(max_new_tokens=cfg.output_len, temperature=0.0, ignore_eos=True)
-    out: dict[str, Any] = {"requests": len(prompts)}
-    for name, where in (("storage", storage), ("none", None)):
-        eng = _engine(cfg, where, max_total_tokens=cfg.device_tokens)
+    out: dict[str, Any] = {"requests": len(prompts), "ideal_hit_rate": capacity_ideal_hit_rate(cfg)}
+    n = cfg.device_tokens
+    runs: list[tuple[str, Path | None, dict[str, Any]]] = [
+        ("none", None, dict(max_total_tokens=n)),
+        ("storage", storage / "storage", dict(max_total_tokens=n))]
+    if cfg.host_ratio > 0:
+        runs += [("host", storage / "host", dict(max_total_tokens=n, hicache_ratio=cfg.host_ratio)),
+                 ("bigger_device", None, dict(max_total_tokens=int(n * (1 + cfg.host_ratio))))]
+    outputs = {}
+    for name, where, kw in runs:
+        eng = _engine(cfg, where, **kw)
         t0 = time.perf_counter()
-        eng.generate(prompts, params)
+        res = eng.generate(prompts, params)
         dt = time.perf_counter() - t0
         eng.check_invariant()
+        outputs[name] = [r["output_ids"] for r in res]
         out[f"seconds_{name}"] = dt
         out[f"req_s_{name}"] = len(prompts) / dt
         out[f"hit_rate_{name}"] = eng.scheduler.cache_hit_rate
         if where is not None:
             st = eng.scheduler.tree_cache.stats()
-            out["load_stats"] = {k: st[k] for k in ("blocks_loaded", "load_bytes", "load_seconds",
-                                                    "blocks_written", "hit_tokens_storage")}
+            out[f"load_stats_{name}"] = {
+                k: st[k] for k in ("blocks_loaded", "blocks_loaded_host", "load_bytes",
+                                   "load_seconds", "blocks_written", "hit_tokens_storage",
+                                   "hit_tokens_host", "load_misses")}
         eng.shutdown()
         del eng
+    out["load_stats"] = out["load_stats_storage"]
+    out["outputs_equal"] = all(o == outputs["none"] for o in outputs.values())
     out["throughput_ratio"] = out["req_s_storage"] / out["req_s_none"]
     return out
 
@@ -148,7 +180,8 @@ def run_hicache_bench(cfg: HiCacheBenchConfig) -> dict[str, Any]:
         if "bandwidth" in cfg.parts:
             if not (root / "capacity").exists() and not (root / "restart").exists():
                 record["restart"] = run_restart(cfg, root / "restart")  # blocks to read back
-            src = root / "capacity" if (root / "capacity").exists() else root / "restart"
+            src = (root / "capacity" / "storage" if (root / "capacity").exists()
+                   else root / "restart")
             record["bandwidth"] = run_bandwidth(cfg, src)
     finally:
         if cfg.storage_dir is None:
@@ -163,9 +196,13 @@ def hicache_table(record: dict[str, Any]) -> str:
                      f"storage {r['ttft_s_storage']:.3f} s (cached {r['cached_tokens_storage']}) "
                      f"vs none {r['ttft_s_none']:.3f} s: {r['speedup']:.1f}x lower")
     if (c := record.get("capacity")) is not None:
-        lines.append(f"capacity, {c['requests']} requests: hit rate {c['hit_rate_storage']:.1%} "
-                     f"vs {c['hit_rate_none']:.1%}; {c['req_s_storage']:.2f} vs "
-                     f"{c['req_s_none']:.2f} req/s ({c['throughput_ratio']:.2f}x)")
+        lines.append(f"capacity, {c['requests']} requests (a cache that never forgets: hit "
+                     f"rate {c['ideal_hit_rate']:.1%}); outputs equal: {c['outputs_equal']}")
+        for name in ("none", "storage", "host", "bigger_device"):
+            if f"hit_rate_{name}" in c:
+                lines.append(f"  {name:<14} hit rate {c[f'hit_rate_{name}']:6.1%}  "
+                             f"{c[f'req_s_{name}']:7.2f} req/s  ({c[f'seconds_{name}']:.1f} s)")
+        lines.append(f"  storage vs none: {c['throughput_ratio']:.2f}x throughput")
         ls = c["load_stats"]
         if ls["load_seconds"]:
             lines.append(f"  loads: {ls['blocks_loaded']} blocks, "

@@ -1,14 +1,15 @@
-"""HiRadixCache: the radix cache over a device pool and a storage tier of files
-(`--enable-hierarchical-cache`).
+"""HiRadixCache: the radix cache over a device pool, an optional host tier and a storage
+tier of files (`--enable-hierarchical-cache`).
 
-Eviction demotes: an evicted leaf's whole blocks are copied out and queued for the storage
-tier (unless stored already) before its slots are freed. Write policy: write_back writes
-only on eviction; write_through also writes a request's blocks when it finishes;
-write_through_selective only for requests that hit the cache (prefixes seen twice).
-A failed request's poisoned positions are never written. A match that continues into the
-storage tier starts a LoadJob (`start_load`): the matched device path is locked, fresh
-slots are allocated and the loader thread fills them; `poll_loads` (each step) inserts the
-loaded blocks into the tree, unlocks, and hands the request back to the waiting queue.
+Eviction demotes: an evicted leaf's whole blocks are copied out and queued for the tiers
+below (host if there is one, else storage; unless held there already) before its slots are
+freed; the host tier's LRU evictions go to storage (TieredKVStore). Write policy:
+write_back writes only on eviction; write_through also writes a request's blocks when it
+finishes, to host and storage; write_through_selective only for requests that hit the
+cache (prefixes seen twice). A failed request's poisoned positions are never written. A
+match that continues into a lower tier starts a LoadJob (`start_load`): the matched device
+path is locked, fresh slots are allocated and the loader thread fills them; `poll_loads`
+(each step) inserts the loaded blocks into the tree, unlocks, and hands the request back.
 Invariant: free + tree + requests + slots of loads in flight == total (`total_size`
 counts the latter). More: docs/memory.md, "Hierarchical cache".
 """
@@ -22,12 +23,14 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.mem.file_kv_store import FileKVStore
+from radixlm.mem.host_kv_store import HostKVStore
 from radixlm.mem.kv_block_io import BlockIO, LoadJob, gather_blocks
 from radixlm.mem.kv_fingerprint import KVFingerprint, block_keys
 from radixlm.mem.kv_slot_allocator import KVSlotAllocator
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.mem.radix_tree_node import MatchResult, TreeNode
 from radixlm.mem.req_to_token_pool import ReqToTokenPool
+from radixlm.mem.tiered_kv_store import TieredKVStore
 from radixlm.mem.token_to_kv_pool import TokenToKVPool
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class HiCacheConfig:
     write_policy: str
     fingerprint: KVFingerprint
     sync_loads: bool = False  # wait for loads at the next poll (tensor parallel ranks)
+    host_bytes: int = 0  # host tier (0: none)
+    pin_host: bool = False  # pinned host memory (the device is CUDA)
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -69,13 +74,18 @@ class HiRadixCache(RadixCache):
             kv_pool.num_layers, kv_pool.kv_heads, kv_pool.head_dim, kv_pool.dtype)
         self.store = FileKVStore(cfg.storage_dir, self.fp, self.block * self.token_bytes,
                                  cfg.storage_bytes, cfg.fingerprint.format_version)
-        self.io = BlockIO(self.store, kv_pool, self.block)
+        block_bytes = self.block * self.token_bytes
+        self.host = (HostKVStore(block_bytes, cfg.host_bytes, pin=cfg.pin_host)
+                     if cfg.host_bytes >= block_bytes else None)
+        self.tiers = TieredKVStore(self.store, self.host,
+                                   write_through=cfg.write_policy != "write_back")
+        self.io = BlockIO(self.tiers, kv_pool, self.block)
         self._loading: dict[str, LoadJob] = {}
         self._loading_keys: set[bytes] = set()
         self._loading_slots = 0
         self.counters = {"blocks_demoted": 0, "blocks_written_through": 0, "blocks_loaded": 0,
                          "loads": 0, "load_seconds": 0.0, "hit_tokens_storage": 0,
-                         "load_misses": 0}
+                         "hit_tokens_host": 0, "blocks_loaded_host": 0, "load_misses": 0}
 
     # --- sizes ----------------------------------------------------------------------------
 
@@ -137,13 +147,15 @@ class HiRadixCache(RadixCache):
     # --- loads ------------------------------------------------------------------------------
 
     def start_load(self, req, key: list[int], match: MatchResult, kv_budget: int) -> int | None:
-        """If the storage tier continues `match` of `key`, start loading those blocks for
+        """If a lower tier continues `match` of `key`, start loading those blocks for
         `req` and return the change of the admission KV budget (<= 0); the request then
         waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
-        Raises LoadInFlight when another request is loading the same blocks (defer it)."""
+        Raises LoadInFlight (defer it) when another request is loading the same blocks, or
+        when the blocks do not fit the budget now but KV held by requests or loads will come
+        back (`_kv_comes_back`)."""
         b = self.block
         first, nblocks = match.prefix_len // b, len(key) // b
-        if nblocks <= first or self.store.num_blocks() == 0 and not self.io.has_pending():
+        if nblocks <= first or self.tiers.num_blocks() == 0 and not self.io.has_pending():
             return None
         keys = block_keys(self.fp, key[:nblocks * b], b)[first:]
         k = 0
@@ -157,7 +169,11 @@ class HiRadixCache(RadixCache):
         delta = self.inc_lock_ref(match.last_node)
         if kv_budget + delta < need:
             self.dec_lock_ref(match.last_node)
-            return None  # no room for it now: compute the prefix instead
+            if self._kv_comes_back():
+                # Wait for the room: admitted now, the request would compute the prefix in
+                # chunks the budget allows and every stored block would go to waste.
+                raise LoadInFlight
+            return None  # it never fits: compute the prefix instead
         short = need - self.allocator.available_size()
         if short > 0:
             self.evict(short)
@@ -174,6 +190,11 @@ class HiRadixCache(RadixCache):
         self._loading_slots += need
         self.io.load(job)
         return delta - need
+
+    def _kv_comes_back(self) -> bool:
+        """Requests or loads in flight hold KV slots (they return them when done)."""
+        held = self.allocator.size - self.allocator.available_size() - self.total_size()
+        return bool(self._loading) or held > 0
 
     def poll_loads(self, timeout: float = 0.0) -> list:
         """Finish the loads the loader completed (waiting up to `timeout` for the first;
@@ -199,10 +220,14 @@ class HiRadixCache(RadixCache):
             had = self.insert(job.req.fill_ids[:end], torch.cat([job.prefix_slots, job.slots[:n]]))
             if had > job.start:  # computed by another request meanwhile: the tree keeps its own
                 self.allocator.free(job.slots[:had - job.start])
-            self.counters["hit_tokens_storage"] += max(0, end - max(had, job.device_prefix))
+            hit = max(0, end - max(had, job.device_prefix))
+            host = min(hit, job.from_host * self.block)
+            self.counters["hit_tokens_host"] += host
+            self.counters["hit_tokens_storage"] += hit - host
         if job.loaded < len(job.keys):
             self.counters["load_misses"] += 1
         self.counters["blocks_loaded"] += job.loaded
+        self.counters["blocks_loaded_host"] += job.from_host
         self.counters["loads"] += 1
         self.counters["load_seconds"] += job.seconds
         self.dec_lock_ref(job.node)
@@ -220,16 +245,22 @@ class HiRadixCache(RadixCache):
 
     # --- flush, close, stats ----------------------------------------------------------------
 
+    def reset(self) -> None:
+        """Empty the device and host tiers (`/flush_cache`); the files stay."""
+        super().reset()
+        self.io.drain()
+        self.tiers.clear_host()
+
     def clear_storage(self) -> int:
         """Delete every stored block of this configuration; returns how many."""
         self.io.drain()
         n = self.store.num_blocks()
-        self.store.clear()
+        self.tiers.clear()
         return n
 
     def close(self) -> None:
         self.io.close()
-        self.store.close()
+        self.tiers.close()
 
     def stats(self) -> dict[str, float]:
         c = self.counters
@@ -239,7 +270,11 @@ class HiRadixCache(RadixCache):
                 "storage_tokens": self.store.num_blocks() * self.block,
                 "storage_capacity_bytes": self.store.capacity_bytes,
                 "storage_capacity_tokens": self.store.capacity_bytes // self.token_bytes,
-                "host_capacity_tokens": 0, "host_capacity_bytes": 0,  # no host tier
+                "host_capacity_bytes": (hb := self.host.capacity_bytes if self.host else 0),
+                "host_capacity_tokens": hb // self.token_bytes,
+                "host_bytes": self.host.size_bytes() if self.host else 0,
+                "host_blocks": self.host.num_blocks() if self.host else 0,
+                "blocks_host_to_storage": self.tiers.host_to_storage,
                 "storage_bad_files_deleted": self.store.deleted_bad,
                 "load_bytes": c["blocks_loaded"] * self.store.block_bytes,
                 "loading": len(self._loading), "storage_dir": str(self.store.dir)}

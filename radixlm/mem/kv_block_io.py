@@ -3,9 +3,9 @@ threads (a writer and a loader) with their queues.
 
 A block's bytes are laid out [K|V][layer][token][head][dim] in the pool's dtype, viewed as
 uint8 (`KVTier`): a block copied out and back lands bit-identical. The scheduler thread
-only enqueues: the writer thread writes blocks to the storage tier, the loader thread
-reads them (pending writes first) and copies them into slots the scheduler allocated for
-the job, then puts the job on the completion queue the scheduler polls each step.
+only enqueues: the writer thread puts blocks into the tiers (host, storage), the loader
+thread reads them (pending writes first, then host, then storage), copies them into the
+slots the scheduler allocated for the job and puts the job on the completion queue.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from radixlm.mem.kv_tier import KVTier
+from radixlm.mem.tiered_kv_store import TieredKVStore
 from radixlm.mem.token_to_kv_pool import TokenToKVPool
 
 logger = logging.getLogger(__name__)
@@ -64,14 +64,15 @@ class LoadJob:
     prefix_slots: torch.Tensor  # the device's slots of positions [0, start)
     node: Any  # the locked TreeNode ending at device_prefix
     loaded: int = 0  # blocks loaded (a prefix of keys)
+    from_host: int = 0  # of those, read from host memory (host tier or queued writes)
     seconds: float = 0.0
     t_submit: float = field(default_factory=time.perf_counter)
 
 
 class BlockIO:
-    """The writer and loader threads over one storage tier."""
+    """The writer and loader threads over the tiers below the device pool."""
 
-    def __init__(self, store: KVTier, pool: TokenToKVPool, block_tokens: int,
+    def __init__(self, store: TieredKVStore, pool: TokenToKVPool, block_tokens: int,
                  max_pending_bytes: int = 1 << 30) -> None:
         self.store = store
         self.pool = pool
@@ -152,10 +153,10 @@ class BlockIO:
             finally:
                 self._writes.task_done()
 
-    def _read(self, key: bytes) -> torch.Tensor | None:
+    def _read(self, key: bytes) -> tuple[torch.Tensor | None, str]:
         with self._mu:
             block = self._pending.get(key)
-        return block if block is not None else self.store.get(key)
+        return (block, "pending") if block is not None else self.store.get_tier(key)
 
     def _load_loop(self) -> None:
         while True:
@@ -166,10 +167,12 @@ class BlockIO:
             try:
                 blocks = []
                 for key in job.keys:
-                    block = self._read(key)
+                    block, tier = self._read(key)
                     if block is None:
                         break  # a missing or bad block ends the chain here
                     blocks.append(block)
+                    job.from_host += tier == "host" or (tier == "pending"
+                                                        and self.store.host is not None)
                 if blocks:
                     n = len(blocks) * self.block_tokens
                     scatter_blocks(self.pool, job.slots[:n], torch.stack(blocks), self.block_tokens)

@@ -58,6 +58,10 @@ def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-hierarchical-cache", action="store_true",
                    help="Show the hierarchical cache's tiers below the KV pool.")
     p.add_argument("--hicache-storage-size", default="8GiB", help="Its storage tier's bound.")
+    p.add_argument("--hicache-ratio", type=float, default=None, help="Its host tier as a "
+                   "multiple of the KV pool (default: 2.0 on cuda, none on cpu).")
+    p.add_argument("--hicache-size", type=float, default=0, help="Its host tier in GB "
+                   "(overrides --hicache-ratio).")
     p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     p.set_defaults(func=run_memory_command)
 
@@ -140,16 +144,21 @@ def run_memory_command(ns: argparse.Namespace) -> None:
         sys.exit(2)
     tiers = None
     if ns.enable_hierarchical_cache:
-        from radixlm.planning.tier_plan import TierPlan
+        from radixlm.planning.tier_plan import TierPlan, host_tier_bytes
         from radixlm.planning.units import parse_size
 
-        tiers = TierPlan(plan.kv_bytes_per_token, parse_size(ns.hicache_storage_size))
+        try:
+            host = host_tier_bytes(ns.hicache_size, ns.hicache_ratio, plan.kv_bytes,
+                                   plan.device_kind)
+        except ValueError as e:
+            print(f"radixlm memory: {e}", file=sys.stderr)
+            sys.exit(2)
+        tiers = TierPlan(plan.kv_bytes_per_token, parse_size(ns.hicache_storage_size), host,
+                         pinned=plan.device_kind == "cuda")
     if ns.json:
         body = plan_json(plan, weights)
         if tiers is not None:
-            body["hicache_tiers"] = {"host_tokens": tiers.host_tokens, "host_bytes": 0,
-                                     "storage_tokens": tiers.storage_tokens,
-                                     "storage_bytes": tiers.storage_bytes}
+            body["hicache_tiers"] = tiers.as_dict()
         print(json.dumps(body, indent=2))
     else:
         print(plan_table(plan, weights))

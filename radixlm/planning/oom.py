@@ -10,6 +10,8 @@ The method (MISSION.md item 8), applied with the plan's numbers:
     (lower --mem-fraction-static).
   * KV pool exhausted in decode with nothing left to retract: the KV pool is short: raise
     --mem-fraction-static (the share for weights + KV; up, not down), or fewer requests.
+  * The hicache's host tier (plan.host_tier_bytes) is RAM: on CUDA it cannot help a
+    device OOM (said so); on the CPU it is the activations' RAM, so lowering it is a fix.
 Every number in the message comes from the MemoryPlan and the failed batch.
 """
 
@@ -68,6 +70,7 @@ class OOMDiagnosis:
     # The largest prefill chunk / decode batch that fits the activation pool (0: none).
     fitting_chunk: int = 0
     fitting_batch: int = 0
+    note: str = ""  # the host tier's part (host_tier_note)
 
     def message(self) -> str:
         s = self.shape
@@ -83,7 +86,22 @@ class OOMDiagnosis:
                     f"short. {batch[0].upper() + batch[1:]} needs about "
                     f"{fmt_bytes(self.need_bytes)} of activation memory; the activation pool "
                     f"has {fmt_bytes(self.pool_bytes)}.")
-        return what + (" Fix: " + "; or ".join(self.fixes) + "." if self.fixes else "")
+        return (what + (" Fix: " + "; or ".join(self.fixes) + "." if self.fixes else "")
+                + (" " + self.note if self.note else ""))
+
+
+def host_tier_note(plan: MemoryPlan) -> tuple[str, str]:
+    """(a fix, a note) about the hierarchical cache's host tier: it costs RAM, not device
+    memory. On the CPU backend that RAM is the device's: a smaller host tier is a fix."""
+    host = plan.host_tier_bytes
+    if not host:
+        return "", ""
+    if plan.device_kind == "cpu":
+        return (f"lower --hicache-ratio / --hicache-size (its host tier takes "
+                f"{fmt_bytes(host)} of the same RAM)"), ""
+    return "", (f"(The hierarchical cache's host tier, {fmt_bytes(host)}, is host RAM, not "
+                "device memory: a bigger or smaller --hicache-ratio / --hicache-size does "
+                "not change this.)")
 
 
 def diagnose_oom(plan: MemoryPlan, shape: BatchShape, error: BaseException | None = None,
@@ -121,8 +139,10 @@ def diagnose_oom(plan: MemoryPlan, shape: BatchShape, error: BaseException | Non
         give = need - headroom
         tokens = max(plan.page_size, plan.kv_tokens - -(-give // plan.kv_bytes_per_token))
         fixes.append(f"lower --max-total-tokens to {tokens} (now {plan.kv_tokens})")
+    host_fix, note = host_tier_note(plan)
+    fixes += [host_fix] if host_fix else []
     return OOMDiagnosis(shape.phase, "activation", cause, shape, need, headroom, fixes,
-                        fitting_chunk=chunk, fitting_batch=batch)
+                        fitting_chunk=chunk, fitting_batch=batch, note=note)
 
 
 def diagnose_kv_exhaustion(plan: MemoryPlan, shape: BatchShape) -> OOMDiagnosis:
@@ -137,8 +157,13 @@ def diagnose_kv_exhaustion(plan: MemoryPlan, shape: BatchShape) -> OOMDiagnosis:
         fixes.append(f"raise --max-total-tokens above {want} (now {plan.kv_tokens})")
     if shape.requests > 1:
         fixes.append(f"lower --max-running-requests below {shape.requests}")
+    note = ""
+    if plan.host_tier_bytes:  # running requests' K/V lives in the device pool only
+        note = (f"(The hierarchical cache's host tier, {fmt_bytes(plan.host_tier_bytes)} of "
+                "host RAM, holds only cached prefixes, never running requests' K/V: a bigger "
+                "one does not help this.)")
     return OOMDiagnosis("decode", "kv", "KV pool exhausted", shape, want * plan.kv_bytes_per_token,
-                        plan.kv_bytes, fixes)
+                        plan.kv_bytes, fixes, note=note)
 
 
 def _name(error: BaseException | None) -> str:

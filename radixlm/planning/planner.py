@@ -95,6 +95,8 @@ class MemoryPlan:
     # Bytes of the loaded weights by format (models/linear/policy.weight_bytes_by_format);
     # empty when planned from shapes alone.
     weight_formats: dict[str, int] = field(default_factory=dict)
+    # The hierarchical cache's host tier (planning/tier_plan.py): RAM, not device memory.
+    host_tier_bytes: int = 0
 
     # --- the three pools --------------------------------------------------------------
 

@@ -1,9 +1,12 @@
 """The hierarchical cache's configuration from ServerArgs and the loaded model runner:
 where its files go, their bound, and the fingerprint of everything that changes KV bytes
-(weights hash, KV dtype and layout, page and block size, RoPE, TP rank/size)."""
+(weights hash, KV dtype and layout, page and block size, RoPE, TP rank/size), and the
+host tier's size (--hicache-size GB, else --hicache-ratio x the device KV pool; by default
+2.0 on CUDA and none on the CPU backend)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -11,7 +14,7 @@ from typing import TYPE_CHECKING
 from radixlm.config import ServerArgs
 from radixlm.mem.hi_radix_cache import HiCacheConfig, storage_block_tokens
 from radixlm.mem.kv_fingerprint import KVFingerprint, rope_signature, weights_sha256
-from radixlm.planning.tier_plan import TierPlan
+from radixlm.planning.tier_plan import TierPlan, host_tier_bytes
 from radixlm.planning.units import parse_size
 from radixlm.runtime.cache_dir import cache_root
 
@@ -39,13 +42,17 @@ def hicache_config(args: ServerArgs, runner: "ModelRunner", model_path: str) -> 
         tp_size=runner.ctx.tp_size)
     logger.info("hicache: KV fingerprint %s in %.2f s (weights sha256 %s...)",
                 fp.digest().hex(), time.perf_counter() - t0, fp.weights_sha256[:12])
-    if args.hicache_ratio != 2.0 or args.hicache_size:
-        logger.warning("hicache: --hicache-ratio/--hicache-size ignored: no host tier "
-                       "(docs/memory.md, 'Hierarchical cache')")
+    host = host_tier_bytes(args.hicache_size, args.hicache_ratio, runner.plan.kv_bytes,
+                           runner.device.type)
+    # The OOM advice weighs the host tier (RAM, not device memory): the plan carries it.
+    runner.plan = dataclasses.replace(runner.plan, host_tier_bytes=host)
     storage_dir = args.hicache_storage_dir or str(cache_root() / "hicache")
-    tiers = TierPlan(runner.plan.kv_bytes_per_token, parse_size(args.hicache_storage_size))
+    tiers = TierPlan(runner.plan.kv_bytes_per_token, parse_size(args.hicache_storage_size),
+                     host, pinned=runner.device.type == "cuda")
     logger.info("%s\n  storage dir: %s", "\n".join(tiers.lines(runner.plan.kv_tokens)),
                 storage_dir)
     return HiCacheConfig(storage_dir=storage_dir, storage_bytes=parse_size(args.hicache_storage_size),
                          write_policy=args.hicache_write_policy, fingerprint=fp,
-                         sync_loads=runner.ctx.tp_size > 1)
+                         sync_loads=runner.ctx.tp_size > 1, host_bytes=host,
+                         pin_host=runner.device.type == "cuda")
+

@@ -67,7 +67,8 @@ def _hicache(key: str) -> Callable[[Snapshot], float | None]:
 def _hicache_device_hits(s: Snapshot) -> float | None:
     if s.pool is None or s.pool.hicache is None:
         return None
-    return float(s.pool.cached_tokens_total - s.pool.hicache["hit_tokens_storage"])
+    h = s.pool.hicache
+    return float(s.pool.cached_tokens_total - h["hit_tokens_storage"] - h["hit_tokens_host"])
 
 
 # --hierarchical cache (mem/hi_radix_cache.py); absent when it is off.
@@ -76,15 +77,21 @@ HICACHE_METRICS: list[MetricDef] = [
               "pool at admission.", "counter", _hicache_device_hits),
     MetricDef("radixlm_hicache_storage_hit_tokens", "Prompt tokens loaded back from the "
               "storage tier.", "counter", _hicache("hit_tokens_storage")),
-    MetricDef("radixlm_hicache_blocks_demoted", "Blocks queued for storage when the device "
-              "pool evicted them.", "counter", _hicache("blocks_demoted")),
+    MetricDef("radixlm_hicache_host_hit_tokens", "Prompt tokens loaded back from the host "
+              "tier (host memory).", "counter", _hicache("hit_tokens_host")),
+    MetricDef("radixlm_hicache_blocks_demoted", "Blocks queued for the tiers below when the "
+              "device pool evicted them.", "counter", _hicache("blocks_demoted")),
+    MetricDef("radixlm_hicache_blocks_host_to_storage", "Blocks the host tier evicted to the "
+              "storage tier.", "counter", _hicache("blocks_host_to_storage")),
     MetricDef("radixlm_hicache_blocks_written_through", "Blocks queued for storage when "
               "their request finished (write-through).", "counter",
               _hicache("blocks_written_through")),
-    MetricDef("radixlm_hicache_blocks_written", "Blocks written to the storage tier.",
-              "counter", _hicache("blocks_written")),
-    MetricDef("radixlm_hicache_blocks_loaded", "Blocks loaded (promoted) from storage into "
-              "the device pool.", "counter", _hicache("blocks_loaded")),
+    MetricDef("radixlm_hicache_blocks_written", "Blocks written to the tiers below (host, "
+              "else storage).", "counter", _hicache("blocks_written")),
+    MetricDef("radixlm_hicache_blocks_loaded", "Blocks loaded (promoted) from the tiers below "
+              "into the device pool.", "counter", _hicache("blocks_loaded")),
+    MetricDef("radixlm_hicache_blocks_loaded_host", "Of those, blocks loaded from host "
+              "memory.", "counter", _hicache("blocks_loaded_host")),
     MetricDef("radixlm_hicache_loads", "Load jobs completed.", "counter", _hicache("loads")),
     MetricDef("radixlm_hicache_load_seconds", "Loader thread time of the load jobs (load "
               "latency = this / loads).", "counter", _hicache("load_seconds")),
@@ -92,6 +99,10 @@ HICACHE_METRICS: list[MetricDef] = [
               _hicache("storage_bytes")),
     MetricDef("radixlm_hicache_storage_capacity_bytes", "Bound of the storage tier.", "gauge",
               _hicache("storage_capacity_bytes")),
+    MetricDef("radixlm_hicache_host_bytes", "Bytes of the host tier's blocks.", "gauge",
+              _hicache("host_bytes")),
+    MetricDef("radixlm_hicache_host_capacity_bytes", "Bound of the host tier (0: none).",
+              "gauge", _hicache("host_capacity_bytes")),
     MetricDef("radixlm_hicache_storage_bad_files_deleted", "Stored files found truncated, "
               "corrupted or foreign and deleted.", "counter",
               _hicache("storage_bad_files_deleted")),

@@ -186,7 +186,8 @@ def test_tiny_pool_hits_more_and_leaks_nothing(tiny_llama_dir, tmp_path, want):
         eng.scheduler.tree_cache.check_tree()
         rates[tier] = eng.scheduler.cache_hit_rate
         eng.shutdown()
-    assert rates[True] > rates[False] + 0.03, rates  # 0.238 vs 0.196 (deterministic)
+    # 0.277 vs 0.196 (deterministic); 0.238 before a load waited for room (start_load).
+    assert rates[True] > rates[False] + 0.06, rates
 
 
 def test_storage_bound_evicts_least_recently_used(tmp_path):

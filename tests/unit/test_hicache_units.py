@@ -55,13 +55,16 @@ def test_hicache_metrics_render():
     stats = {"hit_tokens_storage": 300, "blocks_demoted": 2, "blocks_written_through": 5,
              "blocks_written": 7, "blocks_loaded": 4, "loads": 2, "load_seconds": 0.5,
              "storage_bytes": 1234, "storage_capacity_bytes": 10**9,
-             "storage_bad_files_deleted": 1}
+             "storage_bad_files_deleted": 1, "hit_tokens_host": 128, "blocks_loaded_host": 2,
+             "blocks_host_to_storage": 3, "host_bytes": 4096, "host_capacity_bytes": 8192}
     pool = PoolStats(rid="x", total_kv_slots=10, free_kv_slots=10, held_by_requests=0,
                      held_by_cache=0, running=0, waiting=0, free_req_rows=1,
                      cached_tokens_total=1000, hicache=stats)
     text = EngineMetrics("m").render(Snapshot(None, pool, 0, 0, 0, None)).decode()
     assert 'radixlm_hicache_storage_hit_tokens_total{model_name="m"} 300.0' in text
-    assert 'radixlm_hicache_device_hit_tokens_total{model_name="m"} 700.0' in text
+    assert 'radixlm_hicache_device_hit_tokens_total{model_name="m"} 572.0' in text
+    assert 'radixlm_hicache_host_hit_tokens_total{model_name="m"} 128.0' in text
+    assert 'radixlm_hicache_host_capacity_bytes{model_name="m"} 8192.0' in text
     assert 'radixlm_hicache_blocks_loaded_total{model_name="m"} 4.0' in text
     assert 'radixlm_hicache_storage_bytes{model_name="m"} 1234.0' in text
     off = dataclasses.replace(pool, hicache=None)
