@@ -1,7 +1,8 @@
 """The router's FastAPI app: the same endpoints as one instance, plus worker management.
 
 Proxied: POST /v1/completions, /v1/chat/completions, /generate (streaming or not),
-GET /v1/models; the Responses API with its id -> worker affinity (router/responses.py). Fanned out to every worker: GET /server_info, POST /flush_cache.
+GET /v1/models; the Responses API with its id -> worker affinity (router/responses.py).
+Fanned out to every worker: GET /server_info, POST /flush_cache.
 Router's own: GET|HEAD /health (200 while at least one worker is in rotation), GET
 /metrics (Prometheus), GET /workers, POST /workers {"url": ...}, DELETE /workers/{url}.
 With --api-key every endpoint but /health needs the key (adding a worker would otherwise

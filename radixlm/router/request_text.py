@@ -1,12 +1,12 @@
-"""The text a request is routed by: what the worker will put at the front of its prompt.
-
-The router has no tokenizer, so it routes on text (token-id prompts become their ids
-written out, which keeps the prefix property: a shared id prefix is a shared text
-prefix). Chat messages are rendered role by role in order; the model's real chat template
-adds its own markers around them, which is the same for every request, so prefixes that
-agree here agree there. A Responses API request renders as the chat request it becomes
-(its `instructions` a system message first, then its input items). A list of prompts routes by its first prompt (one worker serves
-the whole request). Malformed bodies give "": the worker answers them with its own 400.
+"""The text a request is routed by: what the worker will put at the front of its prompt. The
+router has no tokenizer, so it routes on text (token-id prompts become their ids written
+out, which keeps the prefix property: a shared id prefix is a shared text prefix). Chat
+messages are rendered role by role in order; the model's real chat template adds its own
+markers around them, which is the same for every request, so prefixes that agree here
+agree there. A Responses API request renders as the chat request it becomes (its
+`instructions` a system message first, then its input items). A list of prompts routes by
+its first prompt (one worker serves the whole request). Malformed bodies give "": the
+worker answers them with its own 400.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Tensor-parallel ranks other than 0: each runs the scheduler loop (scheduler_loop.py) and
-follows rank 0, which decides. Each TP rank is a process with its own `Scheduler` (pools, radix cache, queues) over its
-slice of the model. Only rank 0 talks to the API and detokenizer processes. Every loop
-iteration rank 0 broadcasts what it received (`StepInputs`, over the gloo
-`ParallelContext.cpu_group`), every rank applies those messages in the same order and
-runs the same `Scheduler.step()`. The scheduler is deterministic given its inputs (no
-clock, no thread timing in its decisions; sampled tokens are equal on all ranks because
-the logits are all-gathered whole to every rank and each request's generator is seeded
-alike), so the ranks form identical batches and call the forward's collectives in the
-same order. Only rank 0 sends outputs. Shutdown is rank 0's: these ranks ignore SIGTERM, SIGINT and the launcher's STOP_SIGNAL
+follows rank 0, which decides. Each TP rank is a process with its own `Scheduler` (pools,
+radix cache, queues) over its slice of the model. Only rank 0 talks to the API and
+detokenizer processes. Every loop iteration rank 0 broadcasts what it received
+(`StepInputs`, over the gloo `ParallelContext.cpu_group`), every rank applies those
+messages in the same order and runs the same `Scheduler.step()`. The scheduler is
+deterministic given its inputs (no clock, no thread timing in its decisions; sampled
+tokens are equal on all ranks because the logits are all-gathered whole to every rank and
+each request's generator is seeded alike), so the ranks form identical batches and call
+the forward's collectives in the same order. Only rank 0 sends outputs. Shutdown is rank
+0's: these ranks ignore SIGTERM, SIGINT and the launcher's STOP_SIGNAL
 (process_utils.leave_shutdown_to_rank0) and exit 0 when rank 0's loop broadcasts its stop.
 A follower node's own process (`--node-rank K`, K > 0) takes a SIGTERM/SIGINT to its
 process group as a note (its ranks serve node 0's requests; drain node 0 and this node
-stops with it); a second one stops its ranks at once (SIGKILL) and exits 1.
-More: docs/scheduler.md, "runtime/tp_ranks.py"; docs/tensor-parallel.md.
+stops with it); a second one SIGKILLs its ranks and exits 1. More: docs/tensor-parallel.md.
 """
 
 from __future__ import annotations

@@ -323,7 +323,8 @@ def test_retraction_while_jumping(make_engine, monkeypatch) -> None:
 
     schema = constraint_from_request({"json_schema": LINES_SCHEMA})
     regex = constraint_from_request({"regex": SEA_REGEX})
-    prompts = [prompt("Write three lines of a poem as JSON.")] * 4 + [prompt("Describe the sea.")] * 4
+    prompts = ([prompt("Write three lines of a poem as JSON.")] * 4
+               + [prompt("Describe the sea.")] * 4)
     params = [SamplingParams(max_new_tokens=200, temperature=0.8, seed=s, constraint=c)
               for s, c in enumerate([schema] * 4 + [regex] * 4)]
     outs = engine.generate(prompts, params)

@@ -56,7 +56,8 @@ def workers() -> Iterator[AppWorkers]:
 
 
 def _router(workers: AppWorkers, **kw: object) -> Iterator[tuple[TestClient, Router]]:
-    args = RouterArgs(health_check_interval_s=3600, policy="round_robin", **kw)  # type: ignore[arg-type]
+    args = RouterArgs(health_check_interval_s=3600, policy="round_robin",
+                      **kw)  # type: ignore[arg-type]
     router = Router.create(args, [A, B])
     router.client = httpx.AsyncClient(transport=httpx.MockTransport(workers))
     with TestClient(create_router_app(router)) as client:
