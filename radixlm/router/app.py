@@ -1,7 +1,8 @@
 """The router's FastAPI app: the same endpoints as one instance, plus worker management.
 
 Proxied: POST /v1/completions, /v1/chat/completions, /generate (streaming or not),
-GET /v1/models. Fanned out to every worker: GET /server_info, POST /flush_cache.
+GET /v1/models; the Responses API with its id -> worker affinity (router/responses.py).
+Fanned out to every worker: GET /server_info, POST /flush_cache.
 Router's own: GET|HEAD /health (200 while at least one worker is in rotation), GET
 /metrics (Prometheus), GET /workers, POST /workers {"url": ...}, DELETE /workers/{url}.
 With --api-key every endpoint but /health needs the key (adding a worker would otherwise
@@ -29,6 +30,7 @@ from starlette.responses import Response
 from radixlm.router.health import eviction_loop, health_loop
 from radixlm.router.proxy import forward_stream, forward_unary, forwarded_headers
 from radixlm.router.request_text import routing_text
+from radixlm.router.responses import install_responses_routes
 from radixlm.router.router import Router
 from radixlm.router.workers import normalize_url
 from radixlm.router.dashboard import install_router_dashboard
@@ -93,6 +95,7 @@ def create_router_app(router: Router) -> FastAPI:
 
     for path in _PROXIED_POSTS:
         app.add_api_route(path, proxy_post, methods=["POST"], dependencies=keyed)
+    install_responses_routes(app, router, keyed)
 
     @app.get("/v1/models", dependencies=keyed)
     async def models(request: Request) -> Response:

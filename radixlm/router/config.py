@@ -45,6 +45,10 @@ class RouterArgs:
     api_key: str | None = _opt(
         None, "If set, every endpoint but /health needs 'Authorization: Bearer <key>' "
         "(the proxied requests forward it to the workers, which may check their own).")
+    response_affinity_size: int = _opt(
+        1 << 16, "Stored Responses API ids whose worker the router remembers (least "
+        "recently used forgotten first); an id it does not know is looked for on every "
+        "healthy worker.")
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def cache_aware_config(self) -> CacheAwareConfig:

@@ -9,8 +9,8 @@ errors.
 Streaming requests retry the same way until the worker sends its status line. After
 that the router passes bytes through chunk by chunk; if the worker dies mid-stream the
 client gets an OpenAI-style error event and `data: [DONE]`, never a hang (a silent
-worker trips the read timeout, which ends the stream the same way).
-
+worker trips the read timeout, which ends the stream the same way). A request `pinned`
+to one worker (it holds a stored response: router/responses.py) is tried there alone.
 Load: each try holds a `LoadGuard` on its worker from the moment it is chosen until its
 answer is read, its stream ends, the client hangs up (cancellation), or it fails.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -77,10 +77,14 @@ class _Attempts:
     is the answer when every try failed (the last 5xx, or a 503 naming the errors)."""
     router: Router
     text: str | None
+    pinned: Worker | None = None
     errors: list[str] = field(default_factory=list)
     last_5xx: Response | None = None
 
     def __iter__(self) -> Iterator[Worker]:
+        if self.pinned is not None:
+            yield self.pinned
+            return
         tried: set[str] = set()
         for attempt in range(self.router.args.max_retries + 1):
             decision = self.router.select(self.text, exclude=tried)
@@ -115,12 +119,14 @@ class _Attempts:
 
 
 async def forward_unary(router: Router, request: Request, method: str, path: str,
-                        body: bytes, text: str | None) -> Response:
+                        body: bytes, text: str | None, pinned: Worker | None = None,
+                        on_ok: Callable[[str, bytes], None] | None = None) -> Response:
     """Send `method path` with `body` to a worker chosen for `text` (None: any worker, see
-    `Router.select`); retry as above."""
+    `Router.select`), or to `pinned` alone; retry as above. `on_ok(worker URL, body)` sees
+    a 200 answer before it is passed on."""
 
     async def attempt_all() -> Response:
-        attempts = _Attempts(router, text)
+        attempts = _Attempts(router, text, pinned)
         for worker in attempts:
             async with router.registry.guard(worker):
                 try:
@@ -136,6 +142,8 @@ async def forward_unary(router: Router, request: Request, method: str, path: str
             if resp.status_code >= 500:
                 attempts.server_error(worker, resp, resp.content)
                 continue
+            if on_ok is not None and resp.status_code == 200:
+                on_ok(worker.url, resp.content)
             return _passthrough(resp, resp.content)
         return attempts.final()
 
@@ -145,9 +153,12 @@ async def forward_unary(router: Router, request: Request, method: str, path: str
 
 
 async def forward_stream(router: Router, request: Request, path: str, body: bytes,
-                         text: str) -> Response:
-    """POST a streaming request; pass the worker's SSE stream through."""
-    attempts = _Attempts(router, text)
+                         text: str, pinned: Worker | None = None,
+                         sniff: Callable[[str], Callable[[bytes], None]] | None = None
+                         ) -> Response:
+    """POST a streaming request; pass the worker's SSE stream through. `sniff(worker URL)`,
+    for a 200 stream, gives a function fed every chunk passed on."""
+    attempts = _Attempts(router, text, pinned)
     for worker in attempts:
         guard = router.registry.guard(worker).acquire()
         try:
@@ -178,15 +189,19 @@ async def forward_stream(router: Router, request: Request, path: str, body: byte
                 attempts.server_error(worker, resp, content)
                 continue
             return _passthrough(resp, content)
-        return SSEResponse(_relay(router, resp, guard))
+        feed = sniff(worker.url) if sniff is not None else None
+        return SSEResponse(_relay(router, resp, guard, feed))
     return attempts.final()
 
 
-async def _relay(router: Router, resp: httpx.Response, guard: LoadGuard) -> AsyncIterator[bytes]:
-    """Yield the worker's body chunks as they come. Closed early (client gone) or not,
-    the worker response is closed and the load released."""
+async def _relay(router: Router, resp: httpx.Response, guard: LoadGuard,
+                 feed: Callable[[bytes], None] | None = None) -> AsyncIterator[bytes]:
+    """Yield the worker's body chunks as they come (each shown to `feed` first). Closed
+    early (client gone) or not, the worker response is closed and the load released."""
     try:
         async for chunk in resp.aiter_raw():
+            if feed is not None:
+                feed(chunk)
             yield chunk
     except httpx.HTTPError as e:
         worker = guard.worker

@@ -14,6 +14,7 @@ import httpx
 
 from radixlm.router.cache_aware import CacheAwarePolicy
 from radixlm.router.config import RouterArgs
+from radixlm.router.response_affinity import ResponseAffinity
 from radixlm.router.routing_log import RoutingLog
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import (Decision, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
@@ -45,6 +46,11 @@ class Router:
     # The last routing decisions, for GET /dashboard (router/dashboard.py).
     routing_log: RoutingLog = field(default_factory=RoutingLog)
     exiting: bool = False  # set when the router shuts down: dashboard streams end
+    # Stored Responses API ids -> the worker holding each (router/responses.py).
+    responses: ResponseAffinity = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseAffinity(self.args.response_affinity_size)
 
     @classmethod
     def create(cls, args: RouterArgs, worker_urls: list[str]) -> "Router":

@@ -1,4 +1,10 @@
-"""Helpers for child processes: die with the parent, a process name, logging."""
+"""Helpers for child processes: die with the parent, signals, a process name, logging.
+
+Signals: the children of an instance ignore SIGTERM/SIGINT (a signal to the whole group
+is the API process's to handle: it drains). Scheduler rank 0 takes STOP_SIGNAL as "stop
+at the next loop iteration" (`StopFlag`), and tells the other TP ranks so; they ignore
+STOP_SIGNAL too (`leave_shutdown_to_rank0`), so that none dies before that word comes.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +43,32 @@ def leave_shutdown_to_parent() -> None:
     signal.signal(signal.SIGTERM, _parent_decides)
     signal.signal(signal.SIGINT, _parent_decides)
     signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+
+
+class StopFlag:
+    """Set by STOP_SIGNAL in scheduler rank 0 (`stop_on_signal`): its loop ends at the next
+    iteration, broadcasting the stop to the other TP ranks (scheduler_loop.StepInputs)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _set(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
+def stop_on_signal() -> StopFlag:
+    """In scheduler rank 0, after leave_shutdown_to_parent: STOP_SIGNAL sets the flag."""
+    flag = StopFlag()
+    signal.signal(STOP_SIGNAL, flag._set)
+    return flag
+
+
+def leave_shutdown_to_rank0() -> None:
+    """A TP rank other than 0: SIGTERM, SIGINT and STOP_SIGNAL are all left to rank 0,
+    whose loop stops them (a stop broadcast) or whose death fails their next collective;
+    a launcher that must stop one at once uses SIGKILL."""
+    leave_shutdown_to_parent()
+    signal.signal(STOP_SIGNAL, _parent_decides)
 
 
 def stop_child(pid: int) -> None:

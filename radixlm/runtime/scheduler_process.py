@@ -2,6 +2,9 @@
 
 Blocking rule: with no work, block on the input socket (bounded, to notice a dead
 parent); with work, drain whatever input is there without blocking and step again.
+Stop rule: the launcher's STOP_SIGNAL (process_utils.StopFlag) or a dead parent ends the
+loop at its next iteration, and with --tp-size N every rank's loop with it (a broadcast
+stop: the other ranks, on this host or another, exit 0 instead of failing a collective).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import (
-    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging,
+    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging, stop_on_signal,
 )
 from radixlm.runtime.build import build_scheduler
 from radixlm.runtime.scheduler_loop import StepInputs, run_loop
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     die_with_parent()
     leave_shutdown_to_parent()  # a group SIGTERM/SIGINT: the parent drains first
+    stop = stop_on_signal()  # the launcher's stop: end the loop, and every TP rank's
     set_process_name("radixlm-sched")
     setup_logging(args.log_level, "scheduler")
     ctx = zmq.Context()
@@ -61,8 +65,10 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     parent = os.getppid()
 
     def collect(has_work: bool) -> StepInputs:
+        if stop.requested:
+            return StepInputs(stop=True)
         if not has_work and not recv.poll(timeout=1000):
-            return StepInputs(stop=os.getppid() != parent)
+            return StepInputs(stop=os.getppid() != parent or stop.requested)
         msgs = []
         while True:
             try:
@@ -72,5 +78,4 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
 
     # The one loop (with --tp-size N it also drives the other ranks: tp_ranks.py).
     run_loop(sched, runner.ctx, collect, lambda msg: send.send(dumps(msg)))
-    if sched.hicache is not None:
-        sched.tree_cache.close()  # the hierarchical cache's queued writes reach the disk
+    sched.shutdown()  # the forward thread; the hierarchical cache's queued writes

@@ -278,6 +278,69 @@ def test_jumped_tokens_get_the_models_logprobs(make_engine, monkeypatch, overlap
     assert_all_slots_back(engine)
 
 
+LINES_SCHEMA = {"type": "object", "properties": {"lines": {
+    "type": "array", "minItems": 3, "maxItems": 3,
+    "items": {"type": "string", "minLength": 60, "maxLength": 80}}}, "required": ["lines"]}
+SEA_REGEX = r"[a-z ,]{200,260}\. Done: (yes|no)\."
+
+
+@pytest.mark.timeout(1800)
+def test_retraction_while_jumping(make_engine, monkeypatch) -> None:
+    """A pool far too small for the batch: 8 long constrained outputs (45-130 tokens) in
+    256 KV slots, admitted boldly (new-token ratio 0.1). The decode step runs out of slots
+    and retracts requests, some of them waiting with a jumped tail; every output still
+    validates and no slot leaks."""
+    from radixlm.constrained.jump_forward import JumpForward, awaiting_extend
+
+    engine = make_engine(max_total_tokens=256, chunked_prefill_size=64,
+                         init_new_token_ratio=0.1, min_new_token_ratio=0.05,
+                         disable_overlap_schedule=False)
+    sched = engine.scheduler
+    jumped: set[str] = set()
+    real_jump = JumpForward.try_jump
+
+    def jump_spy(self, req):
+        made = real_jump(self, req)
+        if made:
+            jumped.add(req.rid)
+        return made
+
+    retracted: list[tuple[bool, bool]] = []  # (waiting with a jumped tail, had jumped)
+    real_retract = sched.kv.retract
+
+    def retract_spy(req):
+        retracted.append((awaiting_extend(req), req.rid in jumped))
+        return real_retract(req)
+
+    monkeypatch.setattr(JumpForward, "try_jump", jump_spy)
+    monkeypatch.setattr(sched.kv, "retract", retract_spy)
+
+    def prompt(text: str) -> list[int]:
+        chat = [{"role": "user", "content": text}]
+        t = engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
+                                                 tokenize=False)
+        return list(engine.tokenizer.encode(t, add_special_tokens=False))
+
+    schema = constraint_from_request({"json_schema": LINES_SCHEMA})
+    regex = constraint_from_request({"regex": SEA_REGEX})
+    prompts = ([prompt("Write three lines of a poem as JSON.")] * 4
+               + [prompt("Describe the sea.")] * 4)
+    params = [SamplingParams(max_new_tokens=200, temperature=0.8, seed=s, constraint=c)
+              for s, c in enumerate([schema] * 4 + [regex] * 4)]
+    outs = engine.generate(prompts, params)
+    for i, o in enumerate(outs):
+        assert o["meta_info"]["finish_reason"] == "stop", o
+        if i < 4:
+            jsonschema.validate(json.loads(o["text"]), LINES_SCHEMA)
+        else:
+            assert re.fullmatch(SEA_REGEX, o["text"]), o["text"]
+    assert sched.num_retractions > 0, retracted  # the decode step really ran out
+    assert sched.jump_forward.stats.jumps >= len(outs)
+    assert any(w for w, _ in retracted) and any(j for _, j in retracted), retracted
+    assert_all_slots_back(engine)
+    engine.scheduler.shutdown()
+
+
 @pytest.mark.timeout(1800)
 def test_deterministic_inference_with_jumps(make_engine) -> None:
     """--enable-deterministic-inference: the same outputs alone and in one batch."""
