@@ -4,19 +4,7 @@ constrained request."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from radixlm.server.metrics import MetricDef, Snapshot
-
-
-def _g(key: str) -> Callable[[Snapshot], float | None]:
-    return lambda s: (None if s.pool is None or s.pool.grammar is None
-                      else float(s.pool.grammar[key]))
-
-
-def _jump(key: str) -> Callable[[Snapshot], float | None]:
-    return lambda s: (None if s.pool is None or s.pool.grammar is None
-                      or key not in s.pool.grammar else float(s.pool.grammar[key]))
+from radixlm.server.metrics import MetricDef, Snapshot, pool_field
 
 
 def _share(s: Snapshot) -> float | None:
@@ -28,35 +16,37 @@ def _share(s: Snapshot) -> float | None:
 
 GRAMMAR_METRICS: list[MetricDef] = [
     MetricDef("radixlm_grammar_compile_seconds", "Time spent compiling grammars (cache "
-              "misses).", "counter", _g("compile_s")),
+              "misses).", "counter", pool_field("grammar", "compile_s")),
     MetricDef("radixlm_grammar_compile_max_seconds", "Longest single grammar compilation.",
-              "gauge", _g("compile_s_max")),
+              "gauge", pool_field("grammar", "compile_s_max")),
     MetricDef("radixlm_grammar_compiles", "Grammar compilations run.", "counter",
-              _g("compiles")),
+              pool_field("grammar", "compiles")),
     MetricDef("radixlm_grammar_compile_failures", "Grammar compilations that failed.",
-              "counter", _g("compile_failures")),
+              "counter", pool_field("grammar", "compile_failures")),
     MetricDef("radixlm_grammar_compile_timeouts", "Requests refused because compilation "
-              "passed --grammar-compile-timeout.", "counter", _g("compile_timeouts")),
+              "passed --grammar-compile-timeout.", "counter",
+              pool_field("grammar", "compile_timeouts")),
     MetricDef("radixlm_grammar_cache_hits", "Compiled-grammar cache hits.", "counter",
-              _g("cache_hits")),
+              pool_field("grammar", "cache_hits")),
     MetricDef("radixlm_grammar_cache_misses", "Compiled-grammar cache misses.", "counter",
-              _g("cache_misses")),
+              pool_field("grammar", "cache_misses")),
     MetricDef("radixlm_grammar_queue_wait_seconds", "Time constrained requests waited for "
-              "their grammar, summed.", "counter", _g("queue_wait_s")),
+              "their grammar, summed.", "counter", pool_field("grammar", "queue_wait_s")),
     MetricDef("radixlm_grammar_queued_requests", "Constrained requests that left the grammar "
-              "queue.", "counter", _g("queued_requests")),
+              "queue.", "counter", pool_field("grammar", "queued_requests")),
     MetricDef("radixlm_grammar_mask_seconds", "CPU time filling token bitmasks, summed over "
-              "steps.", "counter", _g("mask_s")),
+              "steps.", "counter", pool_field("grammar", "mask_s")),
     MetricDef("radixlm_grammar_mask_steps", "Steps with at least one constrained row.",
-              "counter", _g("mask_steps")),
+              "counter", pool_field("grammar", "mask_steps")),
     MetricDef("radixlm_grammar_constrained_rows", "Sampled rows that were constrained.",
-              "counter", _g("constrained_rows")),
+              "counter", pool_field("grammar", "constrained_rows")),
     MetricDef("radixlm_grammar_constrained_row_share", "Constrained / all sampled rows since "
               "the first constrained request.", "gauge", _share),
     MetricDef("radixlm_jump_forward_jumps", "Forced strings appended at once by jump-forward "
-              "decoding.", "counter", _jump("jumps")),
+              "decoding.", "counter", pool_field("grammar", "jumps")),
     MetricDef("radixlm_jump_forward_tokens", "Output tokens jump-forward added without "
-              "sampling them (net of re-tokenization).", "counter", _jump("jumped_tokens")),
+              "sampling them (net of re-tokenization).", "counter",
+              pool_field("grammar", "jumped_tokens")),
     MetricDef("radixlm_jump_forward_retokenized", "Jumps that re-encoded tokens already in "
-              "the output.", "counter", _jump("retokenized")),
+              "the output.", "counter", pool_field("grammar", "retokenized")),
 ]

@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from radixlm.messages import PoolStats
 
-__all__ = ["CONTENT_TYPE_LATEST", "ENGINE_METRICS", "EngineMetrics", "MetricDef", "Snapshot"]
+__all__ = ["CONTENT_TYPE_LATEST", "ENGINE_METRICS", "EngineMetrics", "MetricDef", "Snapshot",
+           "pool_field"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,13 @@ def _timing(key: str) -> Callable[[Snapshot], float | None]:
                       else float(s.pool.step_timing[key]))
 
 
-def _hicache(key: str) -> Callable[[Snapshot], float | None]:
-    return lambda s: (None if s.pool is None or s.pool.hicache is None
-                      else float(s.pool.hicache[key]))
+def pool_field(section: str, key: str) -> Callable[[Snapshot], float | None]:
+    """`key` of the PoolStats section `section` (a dict: hicache, grammar, speculative);
+    None when the scheduler did not answer, the section is off, or it lacks the key."""
+    def value(s: Snapshot) -> float | None:
+        d = None if s.pool is None else getattr(s.pool, section)
+        return None if d is None or key not in d else float(d[key])
+    return value
 
 
 def _hicache_device_hits(s: Snapshot) -> float | None:
@@ -76,36 +81,37 @@ HICACHE_METRICS: list[MetricDef] = [
     MetricDef("radixlm_hicache_device_hit_tokens", "Prompt tokens served from the device KV "
               "pool at admission.", "counter", _hicache_device_hits),
     MetricDef("radixlm_hicache_storage_hit_tokens", "Prompt tokens loaded back from the "
-              "storage tier.", "counter", _hicache("hit_tokens_storage")),
+              "storage tier.", "counter", pool_field("hicache", "hit_tokens_storage")),
     MetricDef("radixlm_hicache_host_hit_tokens", "Prompt tokens loaded back from the host "
-              "tier (host memory).", "counter", _hicache("hit_tokens_host")),
+              "tier (host memory).", "counter", pool_field("hicache", "hit_tokens_host")),
     MetricDef("radixlm_hicache_blocks_demoted", "Blocks queued for the tiers below when the "
-              "device pool evicted them.", "counter", _hicache("blocks_demoted")),
+              "device pool evicted them.", "counter", pool_field("hicache", "blocks_demoted")),
     MetricDef("radixlm_hicache_blocks_host_to_storage", "Blocks the host tier evicted to the "
-              "storage tier.", "counter", _hicache("blocks_host_to_storage")),
+              "storage tier.", "counter", pool_field("hicache", "blocks_host_to_storage")),
     MetricDef("radixlm_hicache_blocks_written_through", "Blocks queued for storage when "
               "their request finished (write-through).", "counter",
-              _hicache("blocks_written_through")),
+              pool_field("hicache", "blocks_written_through")),
     MetricDef("radixlm_hicache_blocks_written", "Blocks written to the tiers below (host, "
-              "else storage).", "counter", _hicache("blocks_written")),
+              "else storage).", "counter", pool_field("hicache", "blocks_written")),
     MetricDef("radixlm_hicache_blocks_loaded", "Blocks loaded (promoted) from the tiers below "
-              "into the device pool.", "counter", _hicache("blocks_loaded")),
+              "into the device pool.", "counter", pool_field("hicache", "blocks_loaded")),
     MetricDef("radixlm_hicache_blocks_loaded_host", "Of those, blocks loaded from host "
-              "memory.", "counter", _hicache("blocks_loaded_host")),
-    MetricDef("radixlm_hicache_loads", "Load jobs completed.", "counter", _hicache("loads")),
+              "memory.", "counter", pool_field("hicache", "blocks_loaded_host")),
+    MetricDef("radixlm_hicache_loads", "Load jobs completed.", "counter",
+              pool_field("hicache", "loads")),
     MetricDef("radixlm_hicache_load_seconds", "Loader thread time of the load jobs (load "
-              "latency = this / loads).", "counter", _hicache("load_seconds")),
+              "latency = this / loads).", "counter", pool_field("hicache", "load_seconds")),
     MetricDef("radixlm_hicache_storage_bytes", "Bytes of the storage tier's files.", "gauge",
-              _hicache("storage_bytes")),
+              pool_field("hicache", "storage_bytes")),
     MetricDef("radixlm_hicache_storage_capacity_bytes", "Bound of the storage tier.", "gauge",
-              _hicache("storage_capacity_bytes")),
+              pool_field("hicache", "storage_capacity_bytes")),
     MetricDef("radixlm_hicache_host_bytes", "Bytes of the host tier's blocks.", "gauge",
-              _hicache("host_bytes")),
+              pool_field("hicache", "host_bytes")),
     MetricDef("radixlm_hicache_host_capacity_bytes", "Bound of the host tier (0: none).",
-              "gauge", _hicache("host_capacity_bytes")),
+              "gauge", pool_field("hicache", "host_capacity_bytes")),
     MetricDef("radixlm_hicache_storage_bad_files_deleted", "Stored files found truncated, "
               "corrupted or foreign and deleted.", "counter",
-              _hicache("storage_bad_files_deleted")),
+              pool_field("hicache", "storage_bad_files_deleted")),
 ]
 
 

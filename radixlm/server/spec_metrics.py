@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from radixlm.server.metrics import MetricDef, Snapshot
+from radixlm.server.metrics import MetricDef, Snapshot, pool_field
 
 HIST_LENGTHS = 17
-
-
-def _s(key: str) -> Callable[[Snapshot], float | None]:
-    return lambda s: (None if s.pool is None or s.pool.speculative is None
-                      else float(s.pool.speculative[key]))
 
 
 def _hist(a: int) -> Callable[[Snapshot], float | None]:
@@ -27,14 +22,16 @@ def _hist(a: int) -> Callable[[Snapshot], float | None]:
 
 SPEC_METRICS: list[MetricDef] = [
     MetricDef("radixlm_spec_verify_steps", "Verify forwards run in place of decode steps.",
-              "counter", _s("verify_steps")),
+              "counter", pool_field("speculative", "verify_steps")),
     MetricDef("radixlm_spec_verifies", "Request verifications (a request with a draft in a "
-              "verify step).", "counter", _s("verifies")),
-    MetricDef("radixlm_spec_drafted_tokens", "Draft tokens verified.", "counter", _s("drafted")),
+              "verify step).", "counter", pool_field("speculative", "verifies")),
+    MetricDef("radixlm_spec_drafted_tokens", "Draft tokens verified.", "counter",
+              pool_field("speculative", "drafted")),
     MetricDef("radixlm_spec_accepted_tokens", "Draft tokens accepted.", "counter",
-              _s("accepted")),
+              pool_field("speculative", "accepted")),
     MetricDef("radixlm_spec_mean_acceptance_length", "Tokens per request verification "
-              "(accepted drafts + 1).", "gauge", _s("mean_acceptance_length")),
+              "(accepted drafts + 1).", "gauge",
+              pool_field("speculative", "mean_acceptance_length")),
     *[MetricDef(f"radixlm_spec_accept_length_{a}", f"Request verifications that accepted "
                 f"{a} draft tokens.", "counter", _hist(a)) for a in range(HIST_LENGTHS)],
 ]
