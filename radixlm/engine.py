@@ -116,5 +116,4 @@ class Engine:
         """The offline engine runs in the caller's process: only the hierarchical cache's
         IO threads stop (its queued writes reach the disk first) and its storage directory
         is unlocked."""
-        if self.scheduler.hicache is not None:
-            self.scheduler.tree_cache.close()
+        self.scheduler.tree_cache.close()

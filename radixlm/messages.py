@@ -100,7 +100,7 @@ class PoolStats:
     # Speculative decoding counters (SpecStats.as_dict(): algorithm, drafted, accepted,
     # accept_hist, ...); None when --speculative-algorithm is off.
     speculative: dict | None = None
-    # Hierarchical cache counters and tier sizes (HiRadixCache.stats()); None when off.
+    # Hierarchical cache counters and tier sizes (HiRadixCache.tier_stats()); None when off.
     hicache: dict[str, Any] | None = None
 
 

@@ -68,7 +68,7 @@ def run_restart(cfg: HiCacheBenchConfig, storage: Path) -> dict[str, Any]:
         out[f"ttft_s_{name}"] = time.perf_counter() - t0
         out[f"cached_tokens_{name}"] = res["meta_info"]["cached_tokens"]
         if where is not None:
-            out["load_stats"] = {k: eng.scheduler.tree_cache.stats()[k]
+            out["load_stats"] = {k: eng.scheduler.tree_cache.tier_stats()[k]
                                  for k in ("blocks_loaded", "load_bytes", "load_seconds")}
         eng.shutdown()
         del eng
@@ -117,7 +117,7 @@ def run_capacity(cfg: HiCacheBenchConfig, storage: Path) -> dict[str, Any]:
         out[f"req_s_{name}"] = len(prompts) / dt
         out[f"hit_rate_{name}"] = eng.scheduler.cache_hit_rate
         if where is not None:
-            st = eng.scheduler.tree_cache.stats()
+            st = eng.scheduler.tree_cache.tier_stats()
             out[f"load_stats_{name}"] = {
                 k: st[k] for k in ("blocks_loaded", "blocks_loaded_host", "load_bytes",
                                    "load_seconds", "blocks_written", "hit_tokens_storage",

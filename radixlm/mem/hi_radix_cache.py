@@ -262,7 +262,7 @@ class HiRadixCache(RadixCache):
         self.io.close()
         self.tiers.close()
 
-    def stats(self) -> dict[str, float]:
+    def tier_stats(self) -> dict[str, float]:
         c = self.counters
         return {**c, "write_policy": self.cfg.write_policy, "block_tokens": self.block,
                 "blocks_written": self.io.written, "blocks_write_dropped": self.io.dropped,

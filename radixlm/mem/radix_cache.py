@@ -353,6 +353,40 @@ class RadixCache:
             node.parent = None
         self._init_tree()
 
+    # ------------------------------------------------------------------ tiers below the device
+    # The device pool is this cache's only tier; HiRadixCache (hi_radix_cache.py) overrides
+    # these hooks with its host and storage tiers. The scheduler calls them unconditionally.
+
+    @property
+    def num_loading(self) -> int:
+        """Requests waiting for their prefix to load from a lower tier."""
+        return 0
+
+    def start_load(self, req: Req, key: list[int], match: MatchResult,
+                   kv_budget: int) -> int | None:
+        """Load what of `key` continues `match` in a lower tier: the KV budget the load
+        takes, or None when nothing is loaded (the request is admitted as usual)."""
+        return None
+
+    def poll_loads(self, timeout: float = 0.0) -> list[Req]:
+        """Requests whose loads completed (waiting at most `timeout` s for one)."""
+        return []
+
+    def abort_loading(self, rid: str) -> bool:
+        """Whether `rid` was loading (it is then answered when its load completes)."""
+        return False
+
+    def clear_storage(self) -> int | None:
+        """Delete the storage tier's blocks: how many, or None without a storage tier."""
+        return None
+
+    def close(self) -> None:
+        """Stop the tiers' IO threads (none here)."""
+
+    def tier_stats(self) -> dict[str, float] | None:
+        """Counters and sizes of the tiers below the device (PoolStats.hicache); None."""
+        return None
+
     # ------------------------------------------------------------------ request hooks
 
     def cache_finished_req(self, req: Req) -> None:

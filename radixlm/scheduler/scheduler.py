@@ -101,7 +101,7 @@ class Scheduler:
         self.runner = runner
         self.pools = pools = runner.pools  # shared with the runner (mem/pools.py)
         self.page_size = pools.allocator.page_size
-        self.hicache = hicache  # hierarchical cache: the tree over device + storage tiers
+        # The prefix cache; with the hierarchical cache, over host and storage tiers too.
         self.tree_cache = (RadixCache(pools.req_to_token_pool, pools.allocator,
                                       page_size=self.page_size, disable=disable_radix_cache)
                            if hicache is None else
@@ -232,7 +232,7 @@ class Scheduler:
                 self.outbox.append(self.output_processor.make_output(req))
 
     def abort_request(self, msg: AbortReq) -> None:
-        if self.hicache is not None and self.tree_cache.abort_loading(msg.rid):
+        if self.tree_cache.abort_loading(msg.rid):
             return  # answered when its load completes
         queued = self.constrained.abort(msg.rid)
         if queued is not None:  # still compiling its grammar: holds nothing
@@ -268,14 +268,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight or self.finishing
                     or self.constrained.num_queued or self._jump_held()
-                    or (self.hicache is not None and self.tree_cache.num_loading))
+                    or self.tree_cache.num_loading)
 
     def step(self) -> list[ReqTokenOut]:
         """Build and launch the next batch, process the results of the previous one (overlap)
         or of this one (serial); return the outputs to send."""
         t0, blocked0 = time.perf_counter(), self.worker.blocked_s
         self._retire_finished()
-        if self.hicache is not None and self.tree_cache.num_loading:
+        if self.tree_cache.num_loading:
             self._poll_loads()
         if self.constrained.num_queued:
             if not (self.waiting or self.running or self.inflight):
@@ -429,7 +429,7 @@ class Scheduler:
         match = cache.match_prefix(req.fill_ids[:cache_match_len(req)])
         if self.kv.reads_unsettled(match.device_indices, unsettled):
             return DEFERRED
-        if self.hicache is not None and not skip:
+        if not skip:
             try:
                 delta = cache.start_load(req, req.fill_ids[:req.seq_len - 1], match,
                                          adder.kv_budget)
@@ -600,8 +600,7 @@ class Scheduler:
         """Stop the forward thread (overlap); the scheduler is unusable afterwards."""
         self.worker.shutdown()
         self.constrained.shutdown()
-        if self.hicache is not None:
-            self.tree_cache.close()  # queued writes reach the disk first
+        self.tree_cache.close()  # the hicache's queued writes reach the disk first
 
     # --- invariant -------------------------------------------------------------------
 
@@ -627,8 +626,8 @@ class Scheduler:
                 f"{len(self.waiting)} waiting; retry when the server is idle"))
         freed = self.tree_cache.total_size()
         self.tree_cache.reset()
-        if storage and self.hicache is not None:
-            blocks = self.tree_cache.clear_storage()
+        blocks = self.tree_cache.clear_storage() if storage else None
+        if blocks is not None:
             return FlushCacheResult(rid, True, f"flushed {freed} cached tokens and "
                                     f"{blocks} stored blocks")
         return FlushCacheResult(rid, True, f"flushed {freed} cached tokens")
@@ -664,4 +663,4 @@ class Scheduler:
                                                if self.jump_forward is not None else {})},
                          speculative=(None if self.speculative is None
                                       else self.speculative.stats.as_dict()),
-                         hicache=self.tree_cache.stats() if self.hicache is not None else None)
+                         hicache=self.tree_cache.tier_stats())

@@ -61,7 +61,7 @@ def test_demoted_prefixes_load_back_with_equal_outputs(tiny_llama_dir, tmp_path,
     first = one_by_one(eng, ps)
     again = one_by_one(eng, ps)
     assert [o["output_ids"] for o in first] == [o["output_ids"] for o in again] == want(ps)
-    st = eng.scheduler.tree_cache.stats()
+    st = eng.scheduler.tree_cache.tier_stats()
     assert st["blocks_loaded"] > 0 and st["hit_tokens_storage"] > 0
     if kw.get("hicache_write_policy") == "write_back":
         assert st["blocks_demoted"] > 0 and st["blocks_written_through"] == 0
@@ -162,7 +162,7 @@ def test_failed_request_blocks_never_written(tiny_llama_dir, tmp_path):
     assert out["meta_info"]["finish_reason"] == "abort" and out["meta_info"]["error_status"] == 507
     eng.scheduler.tree_cache.io.drain()
     assert eng.scheduler.tree_cache.store.num_blocks() == 0
-    assert eng.scheduler.tree_cache.stats()["blocks_written"] == 0
+    assert eng.scheduler.tree_cache.tier_stats()["blocks_written"] == 0
     assert_all_slots_back(eng)
     eng.shutdown()
 

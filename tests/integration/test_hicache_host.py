@@ -49,7 +49,7 @@ def one_by_one(eng: Engine, ps: list[list[int]]) -> list[dict]:
 
 def test_off_by_default_on_cpu(tiny_llama_dir, tmp_path):
     eng = hi(tiny_llama_dir, tmp_path)
-    st = eng.scheduler.tree_cache.stats()
+    st = eng.scheduler.tree_cache.tier_stats()
     assert eng.scheduler.tree_cache.host is None and st["host_capacity_tokens"] == 0
     eng.shutdown()
 
@@ -59,12 +59,12 @@ def test_demoted_to_host_load_back_equal(tiny_llama_dir, tmp_path, want, policy)
     ps = prompts(4, seed=11)  # 4 x 206 tokens > the 512-slot pool: the first are evicted
     eng = hi(tiny_llama_dir, tmp_path, hicache_ratio=2.0, hicache_write_policy=policy)
     cache = eng.scheduler.tree_cache
-    assert cache.stats()["host_capacity_tokens"] == 1024  # 2.0 x the 512-token pool
+    assert cache.tier_stats()["host_capacity_tokens"] == 1024  # 2.0 x the 512-token pool
     first = one_by_one(eng, ps)
     again = one_by_one(eng, ps)
     assert [o["output_ids"] for o in first] == [o["output_ids"] for o in again] == want(ps)
     assert [o["meta_info"]["cached_tokens"] for o in again] == [192] * 4
-    st = cache.stats()
+    st = cache.tier_stats()
     assert st["blocks_loaded_host"] > 0 and st["hit_tokens_host"] > 0
     assert st["hit_tokens_storage"] == 0  # everything came back from host memory
     if policy == "write_back":  # nothing reached the disk: the host tier never let go
@@ -81,7 +81,7 @@ def test_demoted_to_host_load_back_equal(tiny_llama_dir, tmp_path, want, policy)
     assert cache.host.num_blocks() == 0 and cache.total_size() == 0
     out = eng.generate(ps[0], G)
     assert out["output_ids"] == want([ps[0]])[0]
-    assert cache.stats()["blocks_loaded_host"] == st["blocks_loaded_host"]
+    assert cache.tier_stats()["blocks_loaded_host"] == st["blocks_loaded_host"]
     assert out["meta_info"]["cached_tokens"] == (192 if policy == "write_through" else 0)
     assert_all_slots_back(eng)
     eng.shutdown()
@@ -94,12 +94,12 @@ def test_small_host_tier_hands_lru_blocks_to_storage(tiny_llama_dir, tmp_path, w
     cache = eng.scheduler.tree_cache
     first = one_by_one(eng, ps)
     cache.io.drain()
-    st = cache.stats()
+    st = cache.tier_stats()
     assert st["host_blocks"] <= 2 and st["blocks_host_to_storage"] > 0
     assert cache.store.num_blocks() == st["blocks_host_to_storage"]
     again = one_by_one(eng, ps)
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in first] == want(ps)
-    st = cache.stats()
+    st = cache.tier_stats()
     assert st["hit_tokens_storage"] > 0 and st["blocks_loaded"] > st["blocks_loaded_host"]
     assert_all_slots_back(eng)
     eng.shutdown()

@@ -53,7 +53,7 @@ def _rank_main(i: int, path: str, addr: str, storage: str, out_dir: str) -> None
             sched, _ = build_scheduler(args, ctx)
             if ctx.tp_rank == 0:
                 out = drive_rank0(sched, ctx, _requests(sched.runner.vocab_size))
-                st = sched.tree_cache.stats()
+                st = sched.tree_cache.tier_stats()
                 write_json(os.path.join(out_dir, f"{run}.json"),
                            {"outputs": out, "cached": sched.cached_tokens_total,
                             "storage_hits": st["hit_tokens_storage"]})
