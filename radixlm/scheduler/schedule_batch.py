@@ -30,6 +30,21 @@ class OutOfKVSlots(RuntimeError):
 
 
 @dataclass
+class ExtendSlots:
+    """Where an extend's new tokens go (ScheduleBatch.alloc_extend_slots): per request its
+    computed prefix and new-token count, flat token t's position and KV slot; host tensors
+    except `slots` (the pools' device)."""
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    rows: torch.Tensor
+    prefix: torch.Tensor
+    ext: torch.Tensor
+    start: torch.Tensor  # flat index of each request's first new token
+    positions: torch.Tensor
+    slots: torch.Tensor
+
+
+@dataclass
 class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
@@ -73,6 +88,60 @@ class ScheduleBatch:
         prev = (prefix_lens - 1).clamp(min=0)
         return self.req_to_token_pool.req_to_token[rows, prev].to(torch.int64)
 
+    def alloc_extend_slots(self, extend_lens: list[int], what: str = "extend") -> ExtendSlots:
+        """Slots for extend_lens[i] new tokens of reqs[i] after its kv_len computed ones
+        (evicting unlocked cache leaves when short), recorded in req_to_token. Raises
+        OutOfKVSlots (nothing allocated) when the pool is short even after eviction."""
+        reqs = self.reqs
+        prefix_lens = [r.kv_len for r in reqs]
+        # Host tensors (module docstring).
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64)
+        ext = torch.tensor(extend_lens, dtype=torch.int64)
+        self._evict_for(prefix, prefix + ext)
+        prefix_d = self._dev(prefix)
+        slots = self.allocator.alloc_extend(prefix_d, self._dev(ext),
+                                            self._last_slots(self._dev(rows), prefix_d))
+        if slots is None:
+            raise OutOfKVSlots(f"{what} needs {sum(extend_lens)} tokens' KV slots, "
+                               f"{self.allocator.available_size()} free")
+        # Flat token t belongs to request req_of[t]; it is that request's (t - start)-th
+        # new token, at position prefix + t - start, and its K/V goes to slots[t].
+        total = sum(extend_lens)
+        req_of = torch.repeat_interleave(torch.arange(len(reqs)), ext, output_size=total)
+        start = torch.cumsum(ext, 0) - ext
+        positions = prefix[req_of] + torch.arange(total) - start[req_of]
+        self.req_to_token_pool.req_to_token[self._dev(rows[req_of]), self._dev(positions)] = \
+            slots.to(self.device, torch.int32)
+        return ExtendSlots(prefix_lens, list(extend_lens), rows, prefix, ext, start, positions,
+                           slots)
+
+    def extend_forward_batch(self, es: ExtendSlots, mode: ForwardMode, input_ids: list[int],
+                             logits_indices: torch.Tensor, **extra) -> ForwardBatch:
+        """The EXTEND/MIXED ForwardBatch over `es` (kept as `self.forward_batch`)."""
+        reqs = self.reqs
+        self.forward_batch = ForwardBatch(
+            forward_mode=mode,
+            batch_size=len(reqs),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            positions=es.positions,
+            req_pool_indices=es.rows,
+            seq_lens=es.prefix + es.ext,
+            out_cache_loc=es.slots.to(self.device),
+            logits_indices=logits_indices,
+            seq_lens_cpu=[p + n for p, n in zip(es.prefix_lens, es.extend_lens)],
+            extend_prefix_lens_cpu=es.prefix_lens,
+            extend_seq_lens_cpu=es.extend_lens,
+            req_pool_indices_cpu=[r.req_pool_idx for r in reqs],
+            extend_prefix_lens=es.prefix.to(torch.int32),
+            extend_seq_lens=es.ext.to(torch.int32),
+            extend_start_loc=es.start.to(torch.int32),
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.token_to_kv_pool,
+            **extra,
+        )
+        return self.forward_batch
+
     def prepare_for_extend(self) -> ForwardBatch:
         """Allocate slots for every request's extend tokens (rows and cached prefixes were
         set at admission; MIXED decodes take one slot each, as a decode does); record them
@@ -84,27 +153,7 @@ class ScheduleBatch:
         assert all(r.kv_len == r.seq_len + r.pending_samples - 1 for r in riders), \
             "a mixed decode computes 1 token"
         extend_lens = [r.extend_input_len for r in self.extend_reqs] + [1] * len(riders)
-        prefix_lens = [r.kv_len for r in reqs]
-        dev = self.device
-        # Host tensors (module docstring).
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        prefix = torch.tensor(prefix_lens, dtype=torch.int64)
-        ext = torch.tensor(extend_lens, dtype=torch.int64)
-        self._evict_for(prefix, prefix + ext)
-        prefix_d = self._dev(prefix)
-        slots = self.allocator.alloc_extend(prefix_d, self._dev(ext),
-                                            self._last_slots(self._dev(rows), prefix_d))
-        if slots is None:
-            raise OutOfKVSlots(f"extend needs {sum(extend_lens)} tokens' KV slots, "
-                               f"{self.allocator.available_size()} free")
-        # Flat token t belongs to request req_of[t]; it is that request's (t - start)-th
-        # new token, at position prefix + t - start, and its K/V goes to slots[t].
-        total = sum(extend_lens)
-        req_of = torch.repeat_interleave(torch.arange(len(reqs)), ext, output_size=total)
-        start = torch.cumsum(ext, 0) - ext
-        positions = prefix[req_of] + torch.arange(total) - start[req_of]
-        self.req_to_token_pool.req_to_token[self._dev(rows[req_of]), self._dev(positions)] = \
-            slots.to(dev, torch.int32)
+        es = self.alloc_extend_slots(extend_lens)
         input_ids: list[int] = []
         for r, n in zip(self.extend_reqs, extend_lens):
             # A chunk (n < extend_len) computes fill_ids[kv_len : kv_len + n]; the rest of
@@ -112,28 +161,10 @@ class ScheduleBatch:
             input_ids.extend(r.fill_ids[r.kv_len:r.kv_len + n])
         rider_ids, future_idx, future_rows = _newest_tokens(riders, offset=len(input_ids))
         input_ids.extend(rider_ids)  # == fill_ids[kv_len], or a relay placeholder
-        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        self.forward_batch = ForwardBatch(
-            forward_mode=self.forward_mode,
-            batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=positions,
-            req_pool_indices=rows,
-            seq_lens=prefix + ext,
-            out_cache_loc=slots.to(dev),
-            # The last token of request i sits at flat index cumsum(extend_lens)[i] - 1.
-            logits_indices=torch.cumsum(ext, 0) - 1,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=prefix_lens,
-            extend_seq_lens_cpu=extend_lens,
-            req_pool_indices_cpu=[r.req_pool_idx for r in reqs],
-            extend_prefix_lens=prefix.to(torch.int32), extend_seq_lens=ext.to(torch.int32),
-            extend_start_loc=start.to(torch.int32),
-            req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool=self.token_to_kv_pool,
-            **_future_fields(future_idx, future_rows),
-        )
-        return self.forward_batch
+        # The last token of request i sits at flat index cumsum(extend_lens)[i] - 1.
+        return self.extend_forward_batch(es, self.forward_mode, input_ids,
+                                         torch.cumsum(es.ext, 0) - 1,
+                                         **_future_fields(future_idx, future_rows))
 
     def prepare_for_decode(self) -> ForwardBatch:
         """One slot per request for the K/V of its newest token (input of this step), at
