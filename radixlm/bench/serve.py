@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -151,8 +152,7 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, timeout=None) as client:
         if target.model is None:
-            target = Target(target.name, target.base_url, target.backend,
-                            await model_name(client, target), target.api_key)
+            target = dataclasses.replace(target, model=await model_name(client, target))
         warm = requests[0]
         # Request 0's token ids reversed: the same size, but no prefix of the workload, so a
         # server that cannot be flushed (llama-server, restarted before the run instead)
