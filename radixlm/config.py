@@ -212,6 +212,17 @@ class ServerArgs:
     responses_store_size: int = _opt(
         1024, "Responses kept in memory for GET /v1/responses/{id} and previous_response_id "
         "(least recently used forgotten first; 0 stores none).")
+    stream_interval: int = _opt(
+        1, "Streamed requests send their new tokens to the detokenizer (and the client) "
+        "every this many tokens: the first token and the last message go at once, the "
+        "others in chunks of this many (SGLang's flag). Larger: fewer messages, wake-ups "
+        "and SSE events per token (CPU time of the API and detokenizer processes), "
+        "coarser streaming; the text is the same.")
+    detokenizer_mode: str = _opt(
+        "process", "Where token ids become text: process (a detokenizer process of its own, "
+        "between the scheduler and the API process) or api (in the API process, as the "
+        "scheduler's outputs arrive: one process and one message hop fewer per step).",
+        ["process", "api"])
     log_level: str = _opt("info", "Logging level.", ["debug", "info", "warning", "error"])
 
     def replace(self, **changes: Any) -> "ServerArgs":

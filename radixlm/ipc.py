@@ -25,10 +25,13 @@ class IpcEndpoints:
     base_dir: str
 
     @classmethod
-    def create(cls) -> "IpcEndpoints":
+    def create(cls, detokenize_in_api: bool = False) -> "IpcEndpoints":
+        """`detokenize_in_api`: no detokenizer process; the scheduler's token ids go
+        straight to the API process's socket (--detokenizer-mode api)."""
         base = tempfile.mkdtemp(prefix="radixlm-ipc-")
         ep = lambda name: f"ipc://{os.path.join(base, name)}"  # noqa: E731
-        return cls(ep("scheduler"), ep("detokenizer"), ep("api"), ep("control"), base)
+        detok = ep("api") if detokenize_in_api else ep("detokenizer")
+        return cls(ep("scheduler"), detok, ep("api"), ep("control"), base)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.base_dir, ignore_errors=True)

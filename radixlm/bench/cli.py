@@ -160,7 +160,7 @@ def serve_config_from(ns: argparse.Namespace):
         dataset=dataset_args_from(ns), request_rate=ns.request_rate,
         max_concurrency=tuple(ns.max_concurrency), num_warmup=ns.warmup_requests,
         repeat=ns.repeat, base_url=base_url_from(ns), backend=normalize_backend(ns.backend),
-        api_key=ns.api_key,
+        api_key=ns.api_key, server_pid=ns.server_pid, stream=not ns.disable_stream,
         model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
         ablations=tuple(ns.ablation), llama_server=ns.llama_server,
         transformers_baseline=ns.transformers_baseline,
@@ -335,6 +335,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                     "/server_info (servers this command starts always use it).")
     add_host_port_args(sv)
     sv.add_argument("--api-key", default=None)
+    sv.add_argument("--server-pid", type=int, default=None,
+                    help="With --base-url: the server's pid, for the CPU seconds (and CPU ms "
+                    "per generated token) of each of its processes.")
+    sv.add_argument("--disable-stream", action="store_true",
+                    help="bench_serving's: unary requests instead of streamed ones (TTFT = "
+                    "E2E latency).")
     sv.add_argument("--tokenizer", default=None, help="Tokenizer for prompt lengths "
                     "(default: the model's).")
     add_dataset_args(sv)

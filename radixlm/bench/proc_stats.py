@@ -67,3 +67,11 @@ def cpu_seconds(procs: dict[str, Any]) -> dict[str, float]:
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds each process used between two `cpu_seconds` readings."""
     return {role: round(after[role] - before.get(role, 0.0), 3) for role in after}
+
+
+def cpu_ms_per_token(cpu_s: dict[str, float], tokens: int) -> dict[str, float]:
+    """CPU milliseconds per generated token of each process (`cpu_delta`'s over a run that
+    generated `tokens`): what the HTTP path costs next to the forward ({} for no tokens)."""
+    if tokens <= 0:
+        return {}
+    return {role: round(1000.0 * s / tokens, 4) for role, s in cpu_s.items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -34,7 +35,7 @@ from radixlm.bench.serve_client import Target, model_name, send_request
 from radixlm.bench.serve_load import LoadConfig, run_load
 from radixlm.bench.serve_metrics import compute_metrics
 from radixlm.bench.hf_baseline import HFBaseline
-from radixlm.bench.proc_stats import cpu_delta, cpu_seconds, server_processes
+from radixlm.bench.proc_stats import cpu_delta, cpu_ms_per_token, cpu_seconds, server_processes
 from radixlm.bench.server_proc import (LaunchedServer, ServerSpec, find_llama_server,
                                        llama_server_spec, radixlm_spec)
 from radixlm.bench.serve_hf import BASELINE_NAME, resolve_baseline_dtype, run_hf_requests
@@ -48,6 +49,8 @@ class ServeBenchConfig:
     num_warmup: int = 1
     repeat: int = 1
     base_url: str | None = None  # None: start the servers below
+    server_pid: int | None = None  # with base_url: its pid, for CPU seconds per process
+    stream: bool = True  # False: unary requests (--disable-stream)
     backend: str = "openai"
     api_key: str | None = None
     model: str | None = None  # weights of started servers; the tokenizer of the dataset
@@ -149,8 +152,7 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, timeout=None) as client:
         if target.model is None:
-            target = Target(target.name, target.base_url, target.backend,
-                            await model_name(client, target), target.api_key)
+            target = dataclasses.replace(target, model=await model_name(client, target))
         warm = requests[0]
         # Request 0's token ids reversed: the same size, but no prefix of the workload, so a
         # server that cannot be flushed (llama-server, restarted before the run instead)
@@ -179,7 +181,10 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
                "output_lens": [r.output_len for r in results],
                "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
                "e2e_latencies": [r.latency for r in results], "errors": errors}
-    extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5], "cpu_s": cpu}
+    # CPU ms per generated token in each process: what the HTTP path costs per token.
+    per_token = cpu_ms_per_token(cpu, metrics["total_output_tokens"]) if cpu else None
+    extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5], "cpu_s": cpu,
+                             "cpu_ms_per_token": per_token, "stream": target.stream}
     if pool_before is not None and pool_after is not None:
         # The scheduler's own count over this run (it counts in tokens it tokenized).
         prompt = pool_after["prompt_tokens_total"] - pool_before["prompt_tokens_total"]
@@ -197,13 +202,14 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
     with contextlib.ExitStack() as stack:
         if cfg.base_url:
             targets = [Target("server", cfg.base_url.rstrip("/"), cfg.backend,
-                              api_key=cfg.api_key)]
+                              api_key=cfg.api_key, stream=cfg.stream)]
         else:
             targets, launched = [], {}
             for spec in server_specs(cfg, all_requests[0], log):
                 log(f"starting {spec.name}: {' '.join(spec.cmd)}")
                 launched[spec.name] = stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
-                targets.append(Target(spec.name, spec.base_url, spec.backend))
+                targets.append(Target(spec.name, spec.base_url, spec.backend,
+                                      stream=cfg.stream))
         hf = _hf_baseline(cfg, log)
         records = []
         for r, requests in enumerate(all_requests):
@@ -215,10 +221,11 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
                         server.restart()  # every run starts with empty caches
                     t0 = time.perf_counter()
                     m = asyncio.run(bench_one(target, requests, load, tokenizer, cfg.num_warmup,
-                                              server.proc.pid if server else None))
+                                              server.proc.pid if server else cfg.server_pid))
                     rec = _record(cfg, target, conc, r, m, machine)
                     records.append(rec)
-                    cpu = ", ".join(f"{k} {v:.1f}" for k, v in (m["cpu_s"] or {}).items())
+                    cpu = ", ".join(f"{k} {v:.1f} ({m['cpu_ms_per_token'].get(k, 0):.2f} ms/tok)"
+                                    for k, v in (m["cpu_s"] or {}).items())
                     log(f"[repeat {r + 1}/{cfg.repeat}, concurrency {conc or 'inf'}] "
                         f"{target.name}: {m['output_throughput']:.1f} out tok/s, "
                         f"median TTFT {m['median_ttft_ms']:.0f} ms, median ITL "

@@ -1,4 +1,7 @@
-"""One streamed request to an OpenAI-compatible `/v1/completions`, timed chunk by chunk.
+"""One request to an OpenAI-compatible `/v1/completions`, timed chunk by chunk.
+
+Streamed by default; a target with `stream=False` (bench serve's `--disable-stream`,
+SGLang bench_serving's flag) sends unary requests, whose TTFT is their whole latency.
 
 The clock is a parameter so that tests can drive it from a scripted fake server: the
 client reads it once before sending and once per received SSE event, nothing else.
@@ -30,17 +33,20 @@ class Target:
     backend: str = "openai"  # "openai" | "radixlm"
     model: str | None = None  # the body's "model" (None: ask /v1/models)
     api_key: str | None = None
+    stream: bool = True  # False: unary requests (TTFT = E2E latency, no ITLs)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
-def completion_body(model: str | None, prompt: str | list[int], output_len: int) -> dict[str, Any]:
+def completion_body(model: str | None, prompt: str | list[int], output_len: int,
+                    stream: bool = True) -> dict[str, Any]:
     """Greedy, exactly `output_len` tokens (`ignore_eos`, understood by radixlm, SGLang,
-    vLLM and llama-server), streamed with a final usage chunk."""
+    vLLM and llama-server), streamed with a final usage chunk (or unary)."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-                            "stream": True, "stream_options": {"include_usage": True},
-                            "ignore_eos": True}
+                            "stream": stream, "ignore_eos": True}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if model is not None:
         body["model"] = model
     return body
@@ -66,8 +72,11 @@ def _usage_into(result: RequestResult, event: dict[str, Any]) -> None:
 async def send_request(client: httpx.AsyncClient, target: Target, prompt: str | list[int],
                        prompt_len: int, output_len: int, clock: Clock = time.perf_counter,
                        timeout_s: float = 3600.0) -> RequestResult:
-    """Send one streamed completion; never raises for a server-side failure (the result
-    says `success=False` and why)."""
+    """Send one completion (streamed unless `target.stream` is False); never raises for a
+    server-side failure (the result says `success=False` and why)."""
+    if not target.stream:
+        return await _send_unary(client, target, prompt, prompt_len, output_len, clock,
+                                 timeout_s)
     result = RequestResult(prompt_len=prompt_len)
     chunks = 0
     text: list[str] = []
@@ -114,6 +123,32 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: str | 
     if result.output_len == 0:
         result.output_len = chunks  # no usage chunk: assume one token per chunk
     result.generated_text = "".join(text)
+    result.success = True
+    return result
+
+
+async def _send_unary(client: httpx.AsyncClient, target: Target, prompt: str | list[int],
+                      prompt_len: int, output_len: int, clock: Clock,
+                      timeout_s: float) -> RequestResult:
+    result = RequestResult(prompt_len=prompt_len)
+    start = result.start_time = clock()
+    try:
+        resp = await client.post(target.base_url + "/v1/completions",
+                                 json=completion_body(target.model, prompt, output_len, False),
+                                 headers=target.headers(), timeout=timeout_s)
+        body = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.latency = result.ttft = clock() - start
+    if body is None:
+        result.error = f"HTTP {resp.status_code}: {resp.text[:500]}"
+        return result
+    _usage_into(result, body)
+    result.generated_text = "".join(c.get("text") or "" for c in body.get("choices") or [])
+    if result.output_len == 0:
+        result.error = "no usage.completion_tokens in the response"
+        return result
     result.success = True
     return result
 

@@ -35,7 +35,8 @@ def build_scheduler(args: ServerArgs, ctx=None):
                       grammar_synchronous=args.tp_size > 1,
                       disable_jump_forward=args.disable_jump_forward,
                       speculative=SpecConfig.from_args(args),
-                      hicache=hicache_config(args, runner, model_path))
+                      hicache=hicache_config(args, runner, model_path),
+                      stream_interval=args.stream_interval)
     return sched, tokenizer
 
 

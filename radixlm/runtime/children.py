@@ -27,15 +27,18 @@ class LaunchError(RuntimeError):
 
 def start_children(args: ServerArgs, endpoints: IpcEndpoints,
                    timeout_s: float = 1800.0) -> tuple[list[mp.Process], SchedulerReady]:
-    """Spawn scheduler + detokenizer; block until the scheduler reports ready."""
+    """Spawn scheduler (+ detokenizer, --detokenizer-mode process); block until the
+    scheduler reports ready."""
     ctx = mp.get_context("spawn")
     zctx = zmq.Context.instance()
     control = make_socket(zctx, zmq.PULL, endpoints.control, bind=True)
     if args.tp_size > 1:  # every rank must get the same rendezvous address
         from radixlm.runtime.distributed import resolve_dist_init_addr
         args = resolve_dist_init_addr(args)
-    procs = [ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="scheduler", daemon=True),
-             ctx.Process(target=run_detokenizer_process, args=(args, endpoints), name="detokenizer", daemon=True)]
+    procs = [ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="scheduler", daemon=True)]
+    if args.detokenizer_mode == "process":  # else the API process detokenizes
+        procs.append(ctx.Process(target=run_detokenizer_process, args=(args, endpoints),
+                                 name="detokenizer", daemon=True))
     for p in procs:
         p.start()
     if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks

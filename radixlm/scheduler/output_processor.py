@@ -10,6 +10,9 @@ UTF-8 bytes of the longest stop + 4 tokens: every token decodes to at least one 
 a stop string completed by the newest token lies inside the window), so the check
 costs O(window) per request per step, not O(output length). The detokenizer cuts the
 text at the stop string; the token ids keep the token that completed it.
+
+Streamed outputs go out at the first token, then every `stream_interval` unsent tokens
+(--stream-interval); the finished request's last message carries the rest.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from radixlm.scheduler.req import Req
 
 class OutputProcessor:
     def __init__(self, tokenizer, context_len: int, vocab_size: int, device: torch.device,
-                 jump_forward: JumpForward | None = None) -> None:
+                 jump_forward: JumpForward | None = None, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.device = device
@@ -63,9 +69,14 @@ class OutputProcessor:
             self.check_finished(req, tok)
             if req.grammar is not None and not req.finished and self.jump_forward is not None:
                 self.jump_forward.try_jump(req)  # before streaming: deltas are canonical
-            if req.stream and not req.finished:
+            if req.stream and not req.finished and self.stream_due(req):
                 outs.append(self.make_output(req))
         return outs
+
+    def stream_due(self, req: Req) -> bool:
+        """A running streamed request's output is due: its first token, then every
+        `stream_interval` unsent tokens."""
+        return req.sent_len == 0 or len(req.output_ids) - req.sent_len >= self.stream_interval
 
     def check_finished(self, req: Req, tok: int) -> None:
         p = req.sampling_params

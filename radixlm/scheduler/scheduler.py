@@ -81,7 +81,7 @@ class Scheduler:
                  grammar_compile_timeout: float = 30.0, grammar_synchronous: bool = False,
                  disable_jump_forward: bool = False,
                  speculative: SpecConfig | None = None,
-                 hicache: HiCacheConfig | None = None) -> None:
+                 hicache: HiCacheConfig | None = None, stream_interval: int = 1) -> None:
         if not 0.0 < min_new_token_ratio <= init_new_token_ratio <= 1.0:
             raise ValueError(
                 f"need 0 < min_new_token_ratio ({min_new_token_ratio}) <= init_new_token_ratio "
@@ -120,7 +120,8 @@ class Scheduler:
         self.jump_forward = None if disable_jump_forward else JumpForward(tokenizer,
                                                                           self.context_len)
         self.output_processor = OutputProcessor(tokenizer, runner.context_len, runner.vocab_size,
-                                                runner.device, self.jump_forward)
+                                                runner.device, self.jump_forward,
+                                                stream_interval)
         # Overlap: batch N+1 is launched before batch N's results are processed.
         self.overlap = overlap
         self.worker = ForwardWorker(runner, inline=not overlap)

@@ -43,8 +43,13 @@ async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[st
     yield SSE_DONE
 
 
+# One encoder for every event: json.dumps with non-default options builds a new
+# JSONEncoder per call (an SSE event per streamed chunk).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def sse_event(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
+    return f"data: {_ENCODER.encode(obj)}\n\n"
 
 
 class SSEResponse(StreamingResponse):

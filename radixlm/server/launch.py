@@ -42,7 +42,7 @@ def launch_server(args: ServerArgs) -> None:
         from radixlm.runtime.tp_ranks import run_follower_node
         return run_follower_node(args)
     model_path = resolve_model_path(args.model)
-    endpoints = IpcEndpoints.create()
+    endpoints = IpcEndpoints.create(detokenize_in_api=args.detokenizer_mode == "api")
     t0 = time.perf_counter()
     procs: list[mp.Process] = []
     try:

@@ -2,7 +2,8 @@
 
 It tokenizes prompts, validates requests against the context length, sends
 `TokenizedGenerateReq` / `AbortReq` to the scheduler and routes the detokenizer's
-`ReqStrOut`s back to the coroutine waiting for that rid.
+`ReqStrOut`s back to the coroutine waiting for that rid (with --detokenizer-mode api it
+detokenizes the scheduler's `BatchTokenIDOut`s itself, as they arrive).
 
 Invariants:
 - `_streams` holds one queue per request in flight, created before the request is sent
@@ -28,13 +29,14 @@ import zmq.asyncio
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
-from radixlm.messages import (AbortReq, BatchStrOut, DashboardReq, DashboardSnapshot,
-                              FlushCacheReq, FlushCacheResult, PoolStats, PoolStatsReq, ReqStrOut,
-                              TokenizedGenerateReq)
+from radixlm.messages import (AbortReq, BatchStrOut, BatchTokenIDOut, DashboardReq,
+                              DashboardSnapshot, FlushCacheReq, FlushCacheResult, PoolStats,
+                              PoolStatsReq, ReqStrOut, TokenizedGenerateReq)
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.admission import AdmissionControl
 from radixlm.server.dashboard.latency import LatencyWindow
 from radixlm.server.errors import GenerateError
+from radixlm.tokenizer.detokenizer import Detokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,9 @@ class TokenizerManager:
         # Control requests waiting for their reply (PoolStats, FlushCacheResult), by rid.
         self._control_waiters: dict[str, asyncio.Future[Any]] = {}
         self._token_str_cache: dict[int, str] = {}
+        # --detokenizer-mode api: the scheduler's token ids arrive here and are
+        # detokenized on this loop (no detokenizer process).
+        self.detokenizer = Detokenizer(tokenizer) if args.detokenizer_mode == "api" else None
         self._ctx: zmq.asyncio.Context | None = None
         self._send_sock: zmq.asyncio.Socket | None = None
         self._recv_sock: zmq.asyncio.Socket | None = None
@@ -135,6 +140,8 @@ class TokenizerManager:
         try:
             while True:
                 msg = loads(await self._recv_sock.recv())
+                if isinstance(msg, BatchTokenIDOut) and self.detokenizer is not None:
+                    msg = self.detokenizer.handle_batch(msg)
                 outs = msg.outs if isinstance(msg, BatchStrOut) else [msg]
                 for out in outs:
                     if isinstance(out, (PoolStats, FlushCacheResult, DashboardSnapshot)):

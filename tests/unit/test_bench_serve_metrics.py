@@ -173,3 +173,26 @@ def test_arrival_gaps() -> None:
         LoadConfig(request_rate=0).validate()
     with pytest.raises(ValueError):
         compute_metrics([], 0.0)
+
+
+def test_unary_request_ttft_is_its_latency() -> None:
+    """--disable-stream: one JSON answer; TTFT = E2E latency, no ITLs, usage's counts."""
+    clock, seen = FakeClock(), []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        clock.now += 0.75
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "Hi there"}],
+                                         "usage": USAGE})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            return await send_request(c, Target("u", "http://u", stream=False), "p q", 2, 3,
+                                      clock)
+
+    r = asyncio.run(go())
+    assert r.success and r.generated_text == "Hi there" and r.itl == []
+    assert r.ttft == r.latency == pytest.approx(0.75)
+    assert (r.output_len, r.cached_tokens) == (3, 4)
+    assert seen == [completion_body(None, "p q", 3, stream=False)]
+    assert seen[0]["stream"] is False and "stream_options" not in seen[0]

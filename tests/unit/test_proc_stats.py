@@ -9,7 +9,8 @@ import time
 
 import psutil
 
-from radixlm.bench.proc_stats import cpu_delta, cpu_seconds, rss_mib, server_processes
+from radixlm.bench.proc_stats import (cpu_delta, cpu_ms_per_token, cpu_seconds, rss_mib,
+                                      server_processes)
 
 # A child that names itself as the scheduler does, burns CPU until told, then exits.
 _CHILD = """
@@ -44,3 +45,10 @@ def test_roles_cpu_and_rss_of_a_process_tree():
     finally:
         child.communicate("", timeout=30)
     assert server_processes(child.pid) == {}  # gone: nothing, no error
+
+
+def test_cpu_ms_per_token():
+    assert cpu_ms_per_token({"api": 0.5, "detokenizer": 0.064}, 1000) == {
+        "api": 0.5, "detokenizer": 0.064}
+    assert cpu_ms_per_token({"api": 2.0}, 64) == {"api": 31.25}
+    assert cpu_ms_per_token({"api": 2.0}, 0) == {}
