@@ -251,7 +251,7 @@ class SpeculativeDecoding:
             op.check_finished(req, tok)
             if req.finished:
                 break  # the tokens after a stop are dropped
-        if req.stream and not req.finished:
+        if req.stream and not req.finished and op.stream_due(req):
             sched.outbox.append(op.make_output(req))
 
     def forget_gone(self, running: list["Req"]) -> None:
