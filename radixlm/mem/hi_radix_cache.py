@@ -150,7 +150,7 @@ class HiRadixCache(RadixCache):
         """If a lower tier continues `match` of `key`, start loading those blocks for
         `req` and return the change of the admission KV budget (<= 0); the request then
         waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
-        Raises LoadInFlight (defer it) when another request is loading the same blocks, or
+        Raises LoadDeferred (defer it) when another request is loading the same blocks, or
         when the blocks do not fit the budget now but KV held by requests or loads will come
         back (`_kv_comes_back`)."""
         b = self.block
@@ -164,7 +164,7 @@ class HiRadixCache(RadixCache):
         if k == 0 or first * b + k * b <= match.prefix_len:
             return None
         if keys[0] in self._loading_keys:
-            raise LoadInFlight
+            raise LoadDeferred
         need = k * b
         delta = self.inc_lock_ref(match.last_node)
         if kv_budget + delta < need:
@@ -172,7 +172,7 @@ class HiRadixCache(RadixCache):
             if self._kv_comes_back():
                 # Wait for the room: admitted now, the request would compute the prefix in
                 # chunks the budget allows and every stored block would go to waste.
-                raise LoadInFlight
+                raise LoadDeferred
             return None  # it never fits: compute the prefix instead
         short = need - self.allocator.available_size()
         if short > 0:
@@ -280,5 +280,6 @@ class HiRadixCache(RadixCache):
                 "loading": len(self._loading), "storage_dir": str(self.store.dir)}
 
 
-class LoadInFlight(Exception):
-    """The blocks a request would load are being loaded for another request."""
+class LoadDeferred(Exception):
+    """Admit the request later: the blocks it would load are being loaded for another
+    request, or they do not fit the budget now but KV held elsewhere will come back."""

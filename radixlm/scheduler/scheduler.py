@@ -32,7 +32,7 @@ from radixlm.executor.forward_worker import ForwardTask, ForwardWorker, InFlight
 from radixlm.executor.model_runner import ModelRunner
 from radixlm.runtime.host_malloc import release_free_heap
 from radixlm.mem import PoolInvariantError
-from radixlm.mem.hi_radix_cache import HiCacheConfig, HiRadixCache, LoadInFlight
+from radixlm.mem.hi_radix_cache import HiCacheConfig, HiRadixCache, LoadDeferred
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.messages import (AbortReq, FlushCacheResult, PoolStats, ReqTokenOut,
                               TokenizedGenerateReq)
@@ -434,7 +434,7 @@ class Scheduler:
             try:
                 delta = cache.start_load(req, req.fill_ids[:req.seq_len - 1], match,
                                          adder.kv_budget)
-            except LoadInFlight:
+            except LoadDeferred:
                 return DEFERRED
             if delta is not None:
                 adder.kv_budget += delta  # its locked prefix and the slots it loads into

@@ -142,7 +142,7 @@ class SpeculativeDecoding:
         if (not reqs or len(reqs) > self.max_batch_size
                 or not all(self.can_ride(r) for r in reqs)):
             return False
-        costly = getattr(self.drafter, "costly", False)  # a draft model: propose once
+        costly = self.drafter.costly  # a draft model: propose once
         if not costly and not any(d.tokens for d in self._propose(reqs, sched.context_len)):
             return False  # known state (overlap: lagged)
         if sched.inflight is not None:
@@ -261,5 +261,5 @@ class SpeculativeDecoding:
         for rid in [rid for rid in self._state if rid not in live]:
             del self._state[rid]
             self.drafter.forget(rid)
-        for rid in [rid for rid in getattr(self.drafter, "tracked", ()) if rid not in live]:
+        for rid in [rid for rid in self.drafter.tracked if rid not in live]:
             self.drafter.forget(rid)

@@ -29,6 +29,12 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    costly: bool  # proposing runs forwards: proposed to once per step, from exact state
+
+    @property
+    def tracked(self) -> set[str]:
+        """Requests it holds state (or KV) for."""
+        ...
 
     def propose(self, reqs: list["Req"], max_tokens: list[int]) -> list[Draft]: ...
 

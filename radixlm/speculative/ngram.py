@@ -26,6 +26,7 @@ class _Index:
 
 class NgramDrafter:
     name = "NGRAM"
+    costly = False
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 5) -> None:
         if not 1 <= ngram_min <= ngram_max:
@@ -36,6 +37,10 @@ class NgramDrafter:
 
     def propose(self, reqs: list["Req"], max_tokens: list[int]) -> list[Draft]:
         return [self._one(r, k) if k > 0 else Draft() for r, k in zip(reqs, max_tokens)]
+
+    @property
+    def tracked(self) -> set[str]:
+        return set(self._index)
 
     def forget(self, rid: str) -> None:
         self._index.pop(rid, None)

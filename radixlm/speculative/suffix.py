@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 class SuffixDrafter:
     name = "SUFFIX"
+    costly = False
+    tracked: frozenset[str] = frozenset()  # no per-request state
 
     def __init__(self, tree_cache: "RadixCache") -> None:
         self.tree = tree_cache

