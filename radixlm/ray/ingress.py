@@ -6,15 +6,18 @@ Every path radixlm serve answers (/v1/completions, /v1/chat/completions, /genera
 picks; the replica streams back the engine's status, headers and body (server-sent events
 pass through chunk by chunk). Fanned out to every engine (engine_directory.py): GET
 /server_info (with `pool` summing the counters, as `radixlm router` does) and POST
-/flush_cache. A replica that dies before answering a non-streaming request is retried on
-another (nothing was sent yet); a stream cut by a dying replica ends with an OpenAI
-error event and `data: [DONE]`, as through `radixlm router`.
+/flush_cache. A non-streaming request whose replica dies before the whole body reached the ingress is
+sent again (nothing was sent to the client yet), with a growing pause, until
+RETRY_DEADLINE_S: Serve may route to the dead replica until it learns of the death. A
+stream cut by a dying replica ends with an OpenAI error event and `data: [DONE]`, as
+through `radixlm router`.
 No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 """
 
 import asyncio
 import json
 import logging
+import time
 from typing import Any, AsyncIterator
 
 import httpx
@@ -32,8 +35,9 @@ from radixlm.server.http_util import SSE_DONE
 logger = logging.getLogger(__name__)
 
 SUMMED_POOL_FIELDS = ("prompt_tokens_total", "cached_tokens_total", "running", "waiting")
-RETRIES = 4  # extra tries of a non-streaming request whose replica died before answering
-RETRY_BACKOFF_S = 0.5  # times the try number: Serve learns of the death meanwhile
+RETRY_DEADLINE_S = 60.0  # how long a non-streaming request is retried after replica deaths
+RETRY_BACKOFF_S = 0.5  # times the try number, capped at RETRY_BACKOFF_MAX_S
+RETRY_BACKOFF_MAX_S = 4.0
 
 api = FastAPI(title="radixlm on Ray Serve")
 
@@ -91,25 +95,35 @@ class Ingress:
     async def forward(self, request: Request, path: str) -> Response:
         req = routed_request(request.method, "/" + path, request.url.query,
                              await request.body(), dict(request.headers))
-        tries = 1 if req.stream else 1 + RETRIES
-        for attempt in range(tries):
+        if req.stream:
             try:
                 gen, head = await self._start(req)
-                break
             except RayError as e:
-                logger.warning("replica failed before answering %s (try %d): %s", req.path,
-                               attempt + 1, e)
-                if attempt + 1 < tries:
-                    await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
-        else:
-            return _error(503, "the replica serving this request failed; retry")
-        if req.stream:
+                logger.warning("replica failed before answering %s: %s", req.path, e)
+                return _error(503, "the replica serving this request failed; retry")
             return StreamingResponse(self._relay(gen), status_code=head["status"],
                                      headers=head["headers"])
+        deadline = time.monotonic() + RETRY_DEADLINE_S
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._exchange(req)
+            except RayError as e:
+                logger.warning("replica failed before answering %s (try %d): %s", req.path,
+                               attempt, e)
+                pause = min(RETRY_BACKOFF_S * attempt, RETRY_BACKOFF_MAX_S)
+                if time.monotonic() + pause > deadline:
+                    return _error(503, "the replica serving this request failed; retry")
+                await asyncio.sleep(pause)
+
+    async def _exchange(self, req: RoutedRequest) -> Response:
+        """One try of a non-streaming request: the head and the whole body, or RayError."""
+        gen, head = await self._start(req)
         try:
             body = b"".join([chunk async for chunk in gen])
-        except RayError:
-            return _error(503, "the replica serving this request failed; retry")
+        finally:
+            gen.cancel()
         return Response(body, status_code=head["status"], headers=head["headers"])
 
     async def _relay(self, gen: Any) -> AsyncIterator[bytes]:
