@@ -125,14 +125,17 @@ def create_app(tokenizer_manager: TokenizerManager, args: ServerArgs, model_name
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail))
 
-    # /health stays open without a key: the launcher and load balancers poll it.
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    # /health stays open without a key: the launcher and load balancers poll it. HEAD is
+    # the same handler, left out of the schema (one operation per route id).
+    @app.get("/health")
     async def health() -> Response:
         if tm.admission.draining:
             return error_response(503, "The server is draining before shutting down.")
         if tm.is_healthy():
             return JSONResponse({"status": "ok"})
         return error_response(503, "The engine is not healthy (a child process died).")
+
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     api = APIRouter(dependencies=[Depends(api_key_dependency(args.api_key))])
 

@@ -308,10 +308,12 @@ def test_unknown_route_has_openai_error_body(client: TestClient) -> None:
 
 def test_health_reflects_tokenizer_manager(client: TestClient, stack: FakeStack) -> None:
     assert client.get("/health").status_code == 200
+    assert client.head("/health").status_code == 200  # load balancers probe with HEAD
     stack.tokenizer_manager.healthy = False
     try:
         r = client.get("/health")
         assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert client.head("/health").status_code == 503
     finally:
         stack.tokenizer_manager.healthy = True
 
