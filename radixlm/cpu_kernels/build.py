@@ -27,6 +27,7 @@ import torch
 
 from radixlm.runtime import cpu_features
 from radixlm.runtime.cache_dir import cache_root
+from radixlm.runtime.process_utils import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,9 @@ def build_missing_in_parallel() -> None:
     """Build every kernel not yet in the cache, one process per kernel at once (each g++
     uses one core), so a first start waits for the longest build, not for their sum.
     Plain subprocesses: the scheduler is a daemonic process, which multiprocessing forbids
-    to have children. A failed child is only logged: load_kernel then tries (and says) again."""
+    to have children, that die with the process that started them (a server killed
+    mid-build leaves no builder behind). A failed child is only logged: load_kernel then
+    tries (and says) again."""
     missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
     workers = min(len(missing), os.cpu_count() or 1)
     if len(missing) < 2 or workers < 2:
@@ -161,7 +164,8 @@ def build_missing_in_parallel() -> None:
     pending = list(missing)
     while pending:
         batch, pending = pending[:workers], pending[workers:]
-        children = [subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build", "--only", name])
+        children = [subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build",
+                                      "--only", name], preexec_fn=die_with_parent)
                     for name in batch]
         for name, child in zip(batch, children):
             if child.wait() != 0:

@@ -47,3 +47,27 @@ def test_build_is_announced_timed_and_cached(tmp_path: Path, monkeypatch: pytest
     caplog.clear()
     assert build.build_extension("tiny", source) is not None
     assert not any(r.getMessage().startswith("building") for r in caplog.records)
+
+
+def test_parallel_builders_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server killed mid-build (SIGKILL: no handler runs) leaves no builder behind: each
+    parallel builder asks Linux to kill it when its parent dies."""
+    started: list[dict] = []
+
+    class Child:
+        returncode = 0
+
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            started.append(kwargs)
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(build, "kernel_names", lambda: ["a", "b"])
+    monkeypatch.setattr(build, "is_built", lambda name: False)
+    monkeypatch.setattr(build, "_disabled", lambda name: False)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(build.subprocess, "Popen", Child)
+    build.build_missing_in_parallel()
+    assert len(started) == 2
+    assert all(kw.get("preexec_fn") is build.die_with_parent for kw in started)
