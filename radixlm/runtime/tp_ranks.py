@@ -10,11 +10,9 @@ each request's generator is seeded alike), so the ranks form identical batches a
 the forward's collectives in the same order. Only rank 0 sends outputs. Shutdown is rank
 0's: these ranks ignore SIGTERM, SIGINT and the launcher's STOP_SIGNAL
 (process_utils.leave_shutdown_to_rank0) and exit 0 when rank 0's loop broadcasts its stop.
-A follower node's own process (`--node-rank K`, K > 0) takes a SIGTERM/SIGINT to its
-process group as a note (its ranks serve node 0's requests; drain node 0 and this node
-stops with it); a second one SIGKILLs its ranks and exits 1. STOP_SIGNAL to that process
-is an owner's "stop now" (Ray's TPNodeRanks actor going away): it SIGKILLs the ranks, reaps
-them and exits 0. More: docs/tensor-parallel.md.
+A follower node's own process (`--node-rank K`, K > 0) takes a SIGTERM/SIGINT as a note
+(drain node 0 and it stops too); a second one SIGKILLs its ranks and exits 1; STOP_SIGNAL
+(its owner's "stop now") SIGKILLs them and exits 0. More: docs/tensor-parallel.md.
 """
 
 from __future__ import annotations
