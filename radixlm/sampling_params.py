@@ -93,8 +93,7 @@ class SamplingParams:
         need(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         need(isinstance(self.logprob_start_len, int) and self.logprob_start_len >= 0,
-             f"logprob_start_len must be -1 or a non-negative integer, "
-             f"got {self.logprob_start_len!r}")
+             f"logprob_start_len must be >= 0, got {self.logprob_start_len!r}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")
         need(len(self.logit_bias) <= MAX_LOGIT_BIAS_TOKENS,

@@ -3,11 +3,11 @@ an EXTEND batch must return logits for, and their results accumulated on the Req
 rows give a jump-forward's jumped output tokens their logprobs (`req.logprob_gap`).
 
 Invariants: entry i of `req.prompt_logprobs` is prompt token s + i + 1 given tokens
-0..s + i (s: the request's logprob_start_len, SGLang's; 0 by default), so
-its length only grows, position by position, across chunks (overlap: a chunk launched
-before the previous chunk's results arrived plans from its own prefix); while it is short
-of len(input_ids) - 1 the request matches the radix cache only up to position s (cached
-positions have no logits, as in vLLM); it is sent once, complete, on the request's first output after it.
+0..s + i (s: the request's logprob_start_len, SGLang's; 0 by default), so its length only
+grows, position by position, across chunks (overlap: a chunk launched before the previous
+chunk's results arrived plans from its own prefix); while s + its length is short of
+len(input_ids) - 1 the request matches the radix cache only up to position s (cached
+positions have no logits, as in vLLM); it is sent once, complete, on its first output after.
 Python work per step grows with the number of requests, not with their tokens.
 """
 

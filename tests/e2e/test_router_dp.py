@@ -2,9 +2,9 @@
 cache-aware router, driven by the official `openai` client. Correct answers streaming
 and not (equal to a worker's own answer), prefix affinity with cached tokens, load
 released when a client hangs up, the Responses API (plain, streaming, previous_response_id
-reaching the one worker that stored the response), a worker killed in the middle of a load (nothing lost
-or hung; the rest goes to the survivor), and no process left behind when the parent is
-SIGKILLed."""
+reaching the one worker that stored the response), a worker killed in the middle of a load
+(nothing lost or hung; the rest goes to the survivor), and no process left behind when the
+parent is SIGKILLed."""
 
 from __future__ import annotations
 
