@@ -137,7 +137,8 @@ class TokenLogprob:
 @dataclass(slots=True)
 class PromptLogprobs:
     """The prompt tokens' logprobs (vLLM's prompt_logprobs), as flat lists: entry i is
-    prompt token i + 1 given tokens 0..i (the first prompt token has none). `top_ids[i]` /
+    prompt token s + i + 1 given tokens 0..s + i (s: the request's logprob_start_len, 0 by
+    default; the first prompt token has none). `top_ids[i]` /
     `top_values[i]` are its top alternatives (both empty when none were asked for)."""
 
     token_ids: list[int] = field(default_factory=list)

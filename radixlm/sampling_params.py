@@ -48,6 +48,10 @@ class SamplingParams:
     # vLLM's prompt_logprobs: the logprob of every prompt token (and that many top
     # alternatives) from the prefill; None: not computed. See scheduler/prompt_logprobs.py.
     prompt_logprobs: int | None = None
+    # SGLang's logprob_start_len: with prompt_logprobs, only the prompt tokens after this
+    # position get a logprob (tokens start+1 ..); positions before it may come from the
+    # radix cache. 0: every prompt token but the first (vLLM's and echo's shape).
+    logprob_start_len: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -88,6 +92,8 @@ class SamplingParams:
         need(0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         need(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        need(isinstance(self.logprob_start_len, int) and self.logprob_start_len >= 0,
+             f"logprob_start_len must be >= 0, got {self.logprob_start_len!r}")
         need(all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings")
         need(len(self.stop) <= 16, "at most 16 stop sequences are allowed")
         need(len(self.logit_bias) <= MAX_LOGIT_BIAS_TOKENS,

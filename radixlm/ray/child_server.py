@@ -79,11 +79,11 @@ class ChildServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (the server drains and stops its children), SIGKILL to the group after
-        `timeout_s`."""
+    def stop(self, timeout_s: float = 30.0, sig: int = signal.SIGTERM) -> None:
+        """`sig` (SIGTERM: the server drains and stops its children), SIGKILL to the group
+        after `timeout_s`."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -8,7 +8,9 @@ global rank 0 listens), and starts one `TPNodeRanks` actor in each bundle k = 1.
 which runs `radixlm serve --node-rank k --dist-init-addr HOST:PORT` (that node's scheduler
 ranks only: tp_size / N of them, runtime/tp_ranks.py) as its child. The replica then
 starts node 0's server; all ranks meet over gloo (CPU) or NCCL (GPU). The actors die with
-the replica (it kills them when it stops; they are its children in Ray's ownership).
+the replica (it kills them when it stops; they are its children in Ray's ownership); an
+actor going away stops its node's ranks with STOP_SIGNAL, which a follower node obeys at
+once (a SIGTERM it would leave to node 0).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from radixlm.config import ServerArgs
 from radixlm.ray.child_server import ChildServer, free_port
+from radixlm.runtime.process_utils import STOP_SIGNAL
 
 
 @ray.remote(num_cpus=0)
@@ -34,7 +37,9 @@ class TPNodeRanks:
         return self.node_ip, self.server.alive()
 
     def __del__(self) -> None:
-        self.server.stop(timeout_s=10)
+        # STOP_SIGNAL, not SIGTERM: a follower node takes a first SIGTERM as a note and
+        # waits for node 0 (tp_ranks.FollowerSignals), which may already be gone.
+        self.server.stop(timeout_s=10, sig=STOP_SIGNAL)
 
 
 def start_tp_nodes(args: ServerArgs, host: str) -> tuple[ServerArgs, list]:

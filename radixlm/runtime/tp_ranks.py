@@ -10,9 +10,9 @@ each request's generator is seeded alike), so the ranks form identical batches a
 the forward's collectives in the same order. Only rank 0 sends outputs. Shutdown is rank
 0's: these ranks ignore SIGTERM, SIGINT and the launcher's STOP_SIGNAL
 (process_utils.leave_shutdown_to_rank0) and exit 0 when rank 0's loop broadcasts its stop.
-A follower node's own process (`--node-rank K`, K > 0) takes a SIGTERM/SIGINT to its
-process group as a note (its ranks serve node 0's requests; drain node 0 and this node
-stops with it); a second one SIGKILLs its ranks and exits 1. More: docs/tensor-parallel.md.
+A follower node's own process (`--node-rank K`, K > 0) takes a SIGTERM/SIGINT as a note
+(drain node 0 and it stops too); a second one SIGKILLs its ranks and exits 1; STOP_SIGNAL
+(its owner's "stop now") SIGKILLs them and exits 0. More: docs/tensor-parallel.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from types import FrameType
 from radixlm.config import ServerArgs
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import (
-    die_with_parent, leave_shutdown_to_rank0, set_process_name, setup_logging,
+    STOP_SIGNAL, die_with_parent, leave_shutdown_to_rank0, set_process_name, setup_logging,
 )
 from radixlm.runtime.scheduler_loop import run_loop
 
@@ -67,15 +67,19 @@ def spawn_follower_ranks(args: ServerArgs, first_local_rank: int) -> list[mp.Pro
 
 class FollowerSignals:
     """SIGTERM/SIGINT in a follower node's process: the first is logged and left to node 0
-    (its ranks keep serving the requests in flight), the second kills the ranks now."""
+    (its ranks keep serving the requests in flight), the second kills the ranks now.
+    STOP_SIGNAL (an owner's stop, not a group signal) kills them at once; `stopped` then
+    says the exit was asked for."""
 
     def __init__(self, procs: list[mp.Process], node_rank: int) -> None:
         self.procs, self.node_rank = procs, node_rank
         self.count = 0
+        self.stopped = False
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.handle)
+        signal.signal(STOP_SIGNAL, self.stop)
 
     def handle(self, sig: int, frame: FrameType | None) -> None:
         self.count += 1
@@ -86,6 +90,15 @@ class FollowerSignals:
                            name, self.node_rank, name)
             return
         logger.warning("%s again: stopping node %d's ranks now", name, self.node_rank)
+        self.kill_ranks()
+
+    def stop(self, sig: int, frame: FrameType | None) -> None:
+        logger.warning("%s: stopping node %d's ranks now", signal.Signals(sig).name,
+                       self.node_rank)
+        self.stopped = True
+        self.kill_ranks()
+
+    def kill_ranks(self) -> None:
         for p in self.procs:
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGKILL)
@@ -93,17 +106,22 @@ class FollowerSignals:
 
 def run_follower_node(args: ServerArgs) -> None:
     """`radixlm serve --node-rank K` (K > 0): this host runs only its scheduler ranks; it
-    returns when they all exit 0 (rank 0 stopped them), else raises (a rank failed, or a
-    second signal stopped them)."""
+    returns when they all exit 0 (rank 0 stopped them) or STOP_SIGNAL stopped them, else
+    raises (a rank failed, or a second signal stopped them)."""
     from radixlm.runtime.distributed import check_placement
 
     check_placement(args)
     signals = FollowerSignals([], args.node_rank)
     signals.install()  # before the ranks start: no moment where a signal kills this process
     procs = signals.procs = spawn_follower_ranks(args, 0)
+    if signals.stopped:  # STOP_SIGNAL came while they started
+        signals.kill_ranks()
     for p in procs:
         p.join()
     failed = [p.name for p in procs if p.exitcode]
+    if signals.stopped:
+        logger.info("node %d's ranks stopped", args.node_rank)
+        return
     if failed:
         why = "stopped by a second signal" if signals.count > 1 else "failed"
         raise RuntimeError(f"scheduler ranks {why}: {', '.join(failed)}")

@@ -2,11 +2,12 @@
 an EXTEND batch must return logits for, and their results accumulated on the Req. The same
 rows give a jump-forward's jumped output tokens their logprobs (`req.logprob_gap`).
 
-Invariants: entry i of `req.prompt_logprobs` is prompt token i + 1 given tokens 0..i, so
-its length only grows, position by position, across chunks (overlap: a chunk launched
-before the previous chunk's results arrived plans from its own prefix); while it is short
-of len(input_ids) - 1 the request skips the radix-cache match (cached positions have no
-logits, as in vLLM); it is sent once, complete, on the request's first output after it.
+Invariants: entry i of `req.prompt_logprobs` is prompt token s + i + 1 given tokens
+0..s + i (s: the request's logprob_start_len, SGLang's; 0 by default), so its length only
+grows, position by position, across chunks (overlap: a chunk launched before the previous
+chunk's results arrived plans from its own prefix); while s + its length is short of
+len(input_ids) - 1 the request matches the radix cache only up to position s (cached
+positions have no logits, as in vLLM); it is sent once, complete, on its first output after.
 Python work per step grows with the number of requests, not with their tokens.
 """
 
@@ -21,7 +22,9 @@ from radixlm.scheduler.req import Req
 
 
 def _done(req: Req) -> int:
-    return 0 if req.prompt_logprobs is None else len(req.prompt_logprobs.token_ids)
+    """The first prompt position whose logits are still wanted (it predicts the next token)."""
+    start = req.sampling_params.logprob_start_len
+    return start + (0 if req.prompt_logprobs is None else len(req.prompt_logprobs.token_ids))
 
 
 def needs_prompt_logprobs(req: Req) -> bool:
@@ -34,7 +37,7 @@ def cache_match_len(req: Req) -> int:
     """How many leading fill_ids admission may take from the radix cache: positions whose
     logits are still wanted must be computed (at least the last token always is)."""
     if needs_prompt_logprobs(req):
-        return 0
+        return min(req.sampling_params.logprob_start_len, len(req.input_ids) - 1)
     if req.logprob_gap is not None:  # a jumped tail whose logprobs are still to come
         return len(req.input_ids) + req.logprob_gap - 1
     return req.seq_len - 1

@@ -425,7 +425,8 @@ class Scheduler:
             return ADMITTED
         cache = self.tree_cache
         # At least the last token must be computed: its logits give the next token.
-        # Prompt logprobs need every prompt position's logits: no cached prefix.
+        # Prompt logprobs need the logits of every prompt position from the request's
+        # logprob_start_len on: no cached prefix past it.
         skip = needs_prompt_logprobs(req)
         match = cache.match_prefix(req.fill_ids[:cache_match_len(req)])
         if self.kv.reads_unsettled(match.device_indices, unsettled):

@@ -1,10 +1,13 @@
 """POST /generate: the SGLang-style native API.
 
 Request: `{"text" | "input_ids", "sampling_params": {SamplingParams fields}, "stream",
-"return_logprob", "top_logprobs_num"}`; a list of prompts gives a list of results.
+"return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs"}`; a
+list of prompts gives a list of results.
 Response: `{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
-"cached_tokens", "finish_reason": {"type": "stop"|"length"|"abort", ...}}}`. As in SGLang,
-each streamed event carries the text and ids generated so far (cumulative, not deltas).
+"cached_tokens", "finish_reason": {"type": "stop"|"length"|"abort", ...}}}`, with
+return_logprob also `{input,output}_token_logprobs` and `{input,output}_top_logprobs` (the
+prompt's from logprob_start_len on, SGLang's shapes). As in SGLang, each streamed event
+carries the text and ids generated so far (cumulative, not deltas).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from radixlm.server.stream_prime import prime_streams
 from radixlm.server.choices import Choice, plan_choices, start_streams
 from radixlm.server.http_util import SSEResponse, guarded_sse, run_until_disconnect, sse_event
 from radixlm.server.outputs import ChoiceResult, collect_all
+from radixlm.server.prompt_logprobs import sglang_input_logprobs
 from radixlm.server.protocol import GenerateRequest
 from radixlm.server.tokenizer_manager import TokenizerManager
 
@@ -37,6 +41,9 @@ async def generate_native(tm: TokenizerManager, req: GenerateRequest, request: R
         default = min(DEFAULT_MAX_NEW_TOKENS, tm.default_max_tokens(len(ids)))
         params = req.to_sampling_params(default)
         tm.check_request(ids, params)
+        if req.return_logprob and req.input_logprob_start() >= len(ids):
+            raise ValueError(f"logprob_start_len ({req.input_logprob_start()}) must be less "
+                             f"than the number of input tokens ({len(ids)})")
         planned.append((ids, params))
     choices = plan_choices(planned, 1, req.timeout)
     if req.stream:
@@ -68,9 +75,15 @@ def _body(tm: TokenizerManager, req: GenerateRequest, c: Choice, r: ChoiceResult
         "finish_reason": _finish_reason(r),
     }
     if req.return_logprob:
-        meta["output_token_logprobs"] = [[lp.logprob, lp.token_id, tm.token_str(lp.token_id)]
+        def text(t: int) -> str | None:
+            return None if req.return_text_in_logprobs is False else tm.token_str(t)
+
+        meta["input_token_logprobs"], meta["input_top_logprobs"] = sglang_input_logprobs(
+            r.prompt_logprobs, c.input_ids, req.input_logprob_start(), text,
+            req.top_logprobs_num or 0)
+        meta["output_token_logprobs"] = [[lp.logprob, lp.token_id, text(lp.token_id)]
                                          for lp in r.logprobs]
-        meta["output_top_logprobs"] = [[[v, t, tm.token_str(t)] for t, v in lp.top]
+        meta["output_top_logprobs"] = [[[v, t, text(t)] for t, v in lp.top]
                                        for lp in r.logprobs]
     return {"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta}
 

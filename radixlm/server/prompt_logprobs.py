@@ -5,12 +5,17 @@
     "decoded_token"}}` holding the prompt token and the top-k alternatives;
   * OpenAI's legacy `echo` with `logprobs` (completions): the prompt tokens in front of
     the generated ones in `tokens` / `token_logprobs` / `top_logprobs` / `text_offset`,
-    the first token's logprob and top_logprobs null.
-The engine sends them once, complete (messages.PromptLogprobs).
+    the first token's logprob and top_logprobs null;
+  * SGLang's `meta_info.input_token_logprobs` / `input_top_logprobs` (/generate): one entry
+    per prompt token from `logprob_start_len` on, `[logprob, id, text or null]`, the first
+    entry's logprob (and top list) null, as SGLang pads it.
+The engine sends them once, complete (messages.PromptLogprobs), from the request's
+logprob_start_len on (0 for the first two shapes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from radixlm.messages import PromptLogprobs, TokenLogprob
@@ -51,3 +56,24 @@ def echo_logprobs(pl: PromptLogprobs | None, prompt_ids: list[int], token_str: T
 def join_logprobs(head: dict[str, Any], tail: dict[str, Any]) -> dict[str, Any]:
     """Two completions `logprobs` objects, one after the other."""
     return {key: head[key] + tail[key] for key in head}
+
+
+def sglang_input_logprobs(pl: PromptLogprobs | None, prompt_ids: list[int], start: int,
+                          text: Callable[[int], str | None], num_top: int
+                          ) -> tuple[list[list[Any]], list[list[list[Any]] | None]]:
+    """SGLang's `(input_token_logprobs, input_top_logprobs)` of the prompt tokens from
+    position `start` on (-1: the last one only); `pl` holds tokens start+1 .. (None when
+    nothing was computed, as for -1)."""
+    start = len(prompt_ids) - 1 if start < 0 else start
+    ids = prompt_ids[start:]
+    rest = len(ids) - 1
+    values: list[float | None] = [None] + [
+        _clamp(v) for v in (pl.logprobs if pl is not None else [])][:rest]
+    values += [None] * (len(ids) - len(values))
+    tokens = [[v, t, text(t)] for v, t in zip(values, ids)]
+    top_ids = (pl.top_ids if pl is not None else []) or [[]] * rest
+    top_values = (pl.top_values if pl is not None else []) or [[]] * rest
+    tops: list[list[list[Any]] | None] = [None] + [
+        [[_clamp(v), t, text(t)] for t, v in zip(ti[:num_top], tv[:num_top])]
+        for ti, tv in zip(top_ids[:rest], top_values[:rest])]
+    return tokens, tops

@@ -279,6 +279,12 @@ class GenerateRequest(_Strict):
     stream: bool | None = False
     return_logprob: bool | None = False
     top_logprobs_num: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # SGLang: with return_logprob, the prompt tokens from this position on are reported
+    # (meta_info.input_token_logprobs); -1 (the default): only the last, with no logprob.
+    logprob_start_len: int | None = None
+    # SGLang: the token's text in each logprob entry, else null. SGLang's default is false;
+    # radixlm always sent the text, so unset means true.
+    return_text_in_logprobs: bool | None = None
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # as _SamplingFields
 
     @model_validator(mode="after")
@@ -287,6 +293,9 @@ class GenerateRequest(_Strict):
             raise ValueError("exactly one of 'text' and 'input_ids' must be given")
         if self.stream and self.is_batch:
             raise ValueError("streaming is supported for a single prompt only")
+        if self.logprob_start_len is not None and self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, "
+                             f"got {self.logprob_start_len}")
         prompts = self.text if self.text is not None else self.input_ids
         if isinstance(prompts, list) and len(prompts) == 0:
             raise ValueError("the prompt must not be empty")
@@ -315,4 +324,12 @@ class GenerateRequest(_Strict):
         if self.return_logprob:
             fields["logprobs"] = True
             fields["top_logprobs"] = self.top_logprobs_num or 0
+            if self.input_logprob_start() >= 0:
+                fields["prompt_logprobs"] = self.top_logprobs_num or 0
+                fields["logprob_start_len"] = self.input_logprob_start()
         return SamplingParams(**fields)
+
+    def input_logprob_start(self) -> int:
+        """The first prompt position whose token meta_info.input_token_logprobs reports;
+        -1: only the last prompt token (SGLang's default)."""
+        return -1 if self.logprob_start_len is None else self.logprob_start_len

@@ -1,12 +1,16 @@
 """The prompt's logprobs through the official `openai` client (one tiny-Llama server):
 completions with echo + logprobs (plain, streaming, n=2, max_tokens 0), and vLLM's
-`prompt_logprobs` on completions and chat, checked against transformers' log_softmax."""
+`prompt_logprobs` on completions and chat, checked against transformers' log_softmax; and
+SGLang's `/generate` input_token_logprobs with logprob_start_len over raw HTTP, checked
+against the completions endpoint's prompt logprobs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -92,3 +96,47 @@ def test_prompt_logprobs_field(client: Any, hf: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
         client.chat.completions.create(model="m", messages=msgs, max_tokens=2, stream=True,
                                        extra_body={"prompt_logprobs": 0})
+
+
+def _generate(server: str, ids: list[int], **extra: Any) -> httpx.Response:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True, **extra}
+    return httpx.post(server + "/generate", json=body, timeout=120)
+
+
+def test_generate_input_token_logprobs(server: str, client: Any, hf: Any) -> None:
+    ids = hf[0](PROMPT)["input_ids"]
+    text = [hf[0].decode([t]) for t in ids]
+    ref = client.completions.create(model="m", prompt=ids, max_tokens=2, temperature=0,
+                                    extra_body={"prompt_logprobs": 2})
+    want = [e[str(t)]["logprob"] for e, t in
+            zip(ref.choices[0].model_extra["prompt_logprobs"][1:], ids[1:])]
+    for start in (0, 3, len(ids) - 2):
+        meta = _generate(server, ids, logprob_start_len=start, top_logprobs_num=2).json()
+        meta = meta["meta_info"]
+        got, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+        assert [e[1] for e in got] == ids[start:]
+        assert [e[2] for e in got] == text[start:]
+        assert got[0][0] is None and tops[0] is None  # SGLang pads the first token
+        assert [e[0] for e in got[1:]] == pytest.approx(want[start:], abs=1e-5)
+        assert len(tops) == len(got)
+        for top, (lp, tok, _) in zip(tops[1:], got[1:]):
+            vals = [v for v, _, _ in top]
+            assert len(top) == 2 and vals == sorted(vals, reverse=True)
+            assert vals[0] >= lp - 1e-5
+        assert len(meta["output_token_logprobs"]) == 2
+    # SGLang's default (-1): the last prompt token only, with no logprob; no text asked.
+    meta = _generate(server, ids, return_text_in_logprobs=False).json()["meta_info"]
+    assert meta["input_token_logprobs"] == [[None, ids[-1], None]]
+    assert meta["input_top_logprobs"] == [None]
+    assert all(e[2] is None for e in meta["output_token_logprobs"])
+    # Streaming: every event carries them (complete from the first).
+    with httpx.stream("POST", server + "/generate", timeout=120, json={
+            "input_ids": ids, "stream": True, "return_logprob": True, "logprob_start_len": 1,
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0}}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: {")]
+    last = json.loads(events[-1][len("data: "):])["meta_info"]
+    assert [e[0] for e in last["input_token_logprobs"][1:]] == pytest.approx(want[1:], abs=1e-5)
+    for bad in (len(ids), len(ids) + 5, -2):
+        r = _generate(server, ids, logprob_start_len=bad)
+        assert r.status_code == 400 and "logprob_start_len" in r.text, (bad, r.text)

@@ -1,9 +1,10 @@
 """`radixlm serve --dp-size 2` on a tiny random Llama: two engine instances behind the
 cache-aware router, driven by the official `openai` client. Correct answers streaming
 and not (equal to a worker's own answer), prefix affinity with cached tokens, load
-released when a client hangs up, a worker killed in the middle of a load (nothing lost
-or hung; the rest goes to the survivor), and no process left behind when the parent is
-SIGKILLed."""
+released when a client hangs up, the Responses API (plain, streaming, previous_response_id
+reaching the one worker that stored the response), a worker killed in the middle of a load
+(nothing lost or hung; the rest goes to the survivor), and no process left behind when the
+parent is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -144,6 +145,42 @@ def test_client_hangup_releases_load(dp: DP) -> None:
     while sum(w["load"] for w in dp.workers()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert sum(w["load"] for w in dp.workers()) == 0
+
+
+def test_responses_api_through_router(dp: DP) -> None:
+    router = _client(dp.url)
+    kw = dict(model="m", input="w5 w6 w7", instructions="w1 w2", max_output_tokens=8,
+              temperature=0)
+    r = router.responses.create(**kw)
+    assert r.object == "response" and r.id.startswith("resp_") and r.output_text
+    assert r.output[0].type == "message"
+    assert 0 < r.usage.output_tokens <= 8
+    events = list(router.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    streamed = events[-1].response
+    assert deltas == streamed.output_text == r.output_text  # greedy, identical workers
+    # Each stored response lives on one worker only; a follow-up naming it reaches that one
+    # (routed on its own text alone, some would go to the other worker and get a 404).
+    workers = [w["url"] for w in dp.workers()]
+    for first in (r, streamed):
+        holders = [u for u in workers if httpx.get(f"{u}/v1/responses/{first.id}",
+                                                   headers=AUTH, timeout=30).status_code == 200]
+        assert len(holders) == 1, holders
+        for i in range(4):
+            follow = router.responses.create(model="m", input=f"w{40 + i} w{50 + i}",
+                                             previous_response_id=first.id,
+                                             max_output_tokens=4, temperature=0)
+            assert follow.previous_response_id == first.id and follow.output_text
+            assert follow.usage.input_tokens > r.usage.input_tokens  # saw the conversation
+        assert router.responses.retrieve(first.id).output_text == r.output_text
+    with pytest.raises(openai.NotFoundError):
+        router.responses.create(model="m", input="w1", previous_response_id="resp_unknown")
+    with pytest.raises(openai.NotFoundError):
+        router.responses.retrieve("resp_unknown")
 
 
 def test_worker_killed_mid_load_loses_nothing(dp: DP) -> None:

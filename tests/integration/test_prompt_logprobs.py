@@ -1,5 +1,6 @@
 """prompt_logprobs through the Engine on a tiny random Llama: equal to transformers'
-log_softmax of the prompt, whole or chunked, after a cache-warming request, overlap on/off."""
+log_softmax of the prompt, whole or chunked, after a cache-warming request, overlap on/off;
+with logprob_start_len, only the tokens after it, the prefix before it from the cache."""
 
 import random
 
@@ -76,3 +77,29 @@ def test_prompt_logprobs_in_mixed_batches(tiny_llama_dir, prompt, ref):
     eng.run_until_done([runner, asked])
     _check(eng.pop_result(asked), prompt, ref, k=2)
     all_back(eng, 2048)
+
+
+@pytest.mark.parametrize("chunk", [-1, 9])
+def test_logprob_start_len_takes_the_prefix_from_the_cache(tiny_llama_dir, prompt, ref, chunk):
+    """SGLang's logprob_start_len s: the logprobs of tokens s+1.. only, and the prompt's
+    first s tokens may come from the radix cache (warmed by an earlier request)."""
+    eng = Engine(model=tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=chunk)
+    eng.generate(prompt, SamplingParams(max_new_tokens=1, temperature=0.0))
+    start = 17
+    res = eng.generate(prompt, SamplingParams(max_new_tokens=2, temperature=0.0,
+                                              prompt_logprobs=2, logprob_start_len=start))
+    pl = res["prompt_logprobs"]
+    assert pl.token_ids == prompt[start + 1:]
+    want = ref[torch.arange(start, len(prompt) - 1), torch.tensor(prompt[start + 1:])]
+    torch.testing.assert_close(torch.tensor(pl.logprobs), want, atol=2e-3, rtol=1e-3)
+    top_vals, _ = ref[start:-1].topk(2, dim=-1)
+    torch.testing.assert_close(torch.tensor(pl.top_values), top_vals, atol=2e-3, rtol=1e-3)
+    assert res["meta_info"]["cached_tokens"] == start
+    # Start 0 (vLLM's prompt_logprobs): nothing from the cache.
+    res = eng.generate(prompt, SamplingParams(max_new_tokens=1, temperature=0.0,
+                                              prompt_logprobs=0))
+    assert res["meta_info"]["cached_tokens"] == 0 and len(res["prompt_logprobs"].logprobs) == 39
+    with pytest.raises(ValueError, match="logprob_start_len"):
+        eng.generate(prompt, SamplingParams(prompt_logprobs=0, logprob_start_len=-1))
+    all_back(eng, 2048)
+    eng.shutdown()

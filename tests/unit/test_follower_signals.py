@@ -1,7 +1,9 @@
 """Signals of tensor-parallel ranks (runtime/process_utils.py, runtime/tp_ranks.py): a rank
 other than 0 survives SIGTERM, SIGINT and the launcher's STOP_SIGNAL (rank 0 stops it);
 rank 0's STOP_SIGNAL only sets its stop flag; a follower node's process takes the first
-SIGTERM/SIGINT as a note and kills its ranks on the second."""
+SIGTERM/SIGINT as a note and kills its ranks on the second, and STOP_SIGNAL (Ray's
+TPNodeRanks going away) as "stop now": a real `radixlm serve --node-rank 1` tree exits 0
+at once with no rank left."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ import multiprocessing as mp
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 from radixlm.runtime.process_utils import STOP_SIGNAL, leave_shutdown_to_rank0, stop_on_signal
 from radixlm.runtime.tp_ranks import FollowerSignals
+from tests.process_tree import alive, descendants, free_port
 
 
 def _follower_rank(ready) -> None:
@@ -82,3 +87,42 @@ def test_follower_node_first_signal_is_a_note_second_stops_the_ranks() -> None:
         for r in ranks:
             if r.is_alive():
                 r.proc.kill()
+
+
+def test_follower_node_obeys_the_stop_signal_at_once(tiny_llama_dir: str) -> None:
+    """Node 1 alone: its rank waits for rank 0 at the rendezvous (which never comes). A
+    SIGTERM is a note; STOP_SIGNAL stops the tree at once, exit 0."""
+    cmd = [sys.executable, "-m", "radixlm", "serve", "--model", tiny_llama_dir, "--device",
+           "cpu", "--num-threads", "1", "--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
+           "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    log = tempfile.TemporaryFile("w+")
+    node1 = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    ranks: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not (ranks := descendants(node1.pid)) and time.monotonic() < deadline:
+            assert node1.poll() is None, "node 1 exited during start-up"
+            time.sleep(0.2)
+        assert ranks, "node 1 started no rank"
+        time.sleep(1.0)  # the rank is on its way to the rendezvous
+        os.kill(node1.pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert node1.poll() is None and all(alive(p) for p in ranks)
+        t0 = time.monotonic()
+        os.kill(node1.pid, STOP_SIGNAL)
+        rc = node1.wait(10)
+        took = time.monotonic() - t0
+        log.seek(0)
+        assert rc == 0, log.read()[-3000:]
+        assert took < 5, f"node 1 took {took:.1f} s to stop"
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in ranks if alive(p)], "ranks left behind"
+    finally:
+        if node1.poll() is None:
+            os.killpg(node1.pid, signal.SIGKILL)
+            node1.wait()
+        for pid in ranks:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
