@@ -23,6 +23,7 @@ from radixlm.runtime.process_utils import (
     die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging, stop_on_signal,
 )
 from radixlm.runtime.build import build_scheduler
+from radixlm.runtime.fast_exit import exit_now
 from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
@@ -79,3 +80,5 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     # The one loop (with --tp-size N it also drives the other ranks: tp_ranks.py).
     run_loop(sched, runner.ctx, collect, lambda msg: send.send(dumps(msg)))
     sched.shutdown()  # the forward thread; the hierarchical cache's queued writes
+    # Stopped cleanly: skip torch's slow interpreter teardown (runtime/fast_exit.py).
+    exit_now(0)
