@@ -15,6 +15,8 @@ def _serve(ns: argparse.Namespace) -> None:
     from radixlm.router.launch_dp import DPLaunchError, launch_dp
     from radixlm.server.launch import LaunchError, launch_server
 
+    from radixlm.runtime.fast_exit import exit_now
+
     args = from_cli_args(ns)
     setup_logging(args.log_level, "api" if args.dp_size <= 1 else "router")
     try:
@@ -24,9 +26,12 @@ def _serve(ns: argparse.Namespace) -> None:
             launch_server(args)
     except (LaunchError, DPLaunchError, ModelNotFoundError) as e:
         print(f"radixlm serve: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_now(1)
     except KeyboardInterrupt:
         pass
+    # The children are stopped and the sockets closed: leave without the slow teardown
+    # of torch and friends (runtime/fast_exit.py). Any other exception exits as usual.
+    exit_now(0)
 
 
 def _generate(ns: argparse.Namespace) -> None:

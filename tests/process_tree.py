@@ -82,6 +82,15 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] != "Z"
 
 
+def comm(pid: int) -> str:
+    """A process's name (Linux's comm, as set_process_name sets it); '' once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

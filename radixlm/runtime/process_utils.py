@@ -63,6 +63,26 @@ def stop_on_signal() -> StopFlag:
     return flag
 
 
+def signal_wakeup_fd() -> int:
+    """The read end of a pipe that turns readable whenever a signal with a Python handler
+    arrives (`signal.set_wakeup_fd`; main thread only): a poll that also waits on it ends
+    at once on STOP_SIGNAL instead of at its timeout. Empty it with `drain_fd`."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    return r
+
+
+def drain_fd(fd: int) -> None:
+    """Read a non-blocking fd until it is empty."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def leave_shutdown_to_rank0() -> None:
     """A TP rank other than 0: SIGTERM, SIGINT and STOP_SIGNAL are all left to rank 0,
     whose loop stops them (a stop broadcast) or whose death fails their next collective;

@@ -1,7 +1,8 @@
 """The scheduler process: load the model, announce readiness, then loop over `step()`.
 
 Blocking rule: with no work, block on the input socket (bounded, to notice a dead
-parent); with work, drain whatever input is there without blocking and step again.
+parent; a signal's wake-up fd ends the wait at once); with work, drain whatever input
+is there without blocking and step again.
 Stop rule: the launcher's STOP_SIGNAL (process_utils.StopFlag) or a dead parent ends the
 loop at its next iteration, and with --tp-size N every rank's loop with it (a broadcast
 stop: the other ranks, on this host or another, exit 0 instead of failing a collective).
@@ -20,9 +21,11 @@ from radixlm.ipc import IpcEndpoints, dumps, loads, make_socket
 from radixlm.messages import SchedulerFailed, SchedulerReady
 from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import (
-    die_with_parent, leave_shutdown_to_parent, set_process_name, setup_logging, stop_on_signal,
+    die_with_parent, drain_fd, leave_shutdown_to_parent, set_process_name, setup_logging,
+    signal_wakeup_fd, stop_on_signal,
 )
 from radixlm.runtime.build import build_scheduler
+from radixlm.runtime.fast_exit import exit_now
 from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
 logger = logging.getLogger(__name__)
@@ -63,12 +66,20 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
                                       dtype_reason=runner.dtype_reason,
                                       num_threads=torch.get_num_threads())))
     parent = os.getppid()
+    wake = signal_wakeup_fd()  # the launcher's stop ends an idle wait at once
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    poller.register(wake, zmq.POLLIN)
 
     def collect(has_work: bool) -> StepInputs:
         if stop.requested:
             return StepInputs(stop=True)
-        if not has_work and not recv.poll(timeout=1000):
-            return StepInputs(stop=os.getppid() != parent or stop.requested)
+        if not has_work:
+            ready = dict(poller.poll(timeout=1000))
+            if wake in ready:
+                drain_fd(wake)
+            if recv not in ready:
+                return StepInputs(stop=os.getppid() != parent or stop.requested)
         msgs = []
         while True:
             try:
@@ -79,3 +90,5 @@ def run_scheduler_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     # The one loop (with --tp-size N it also drives the other ranks: tp_ranks.py).
     run_loop(sched, runner.ctx, collect, lambda msg: send.send(dumps(msg)))
     sched.shutdown()  # the forward thread; the hierarchical cache's queued writes
+    # Stopped cleanly: skip torch's slow interpreter teardown (runtime/fast_exit.py).
+    exit_now(0)

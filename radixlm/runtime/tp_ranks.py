@@ -28,6 +28,7 @@ from radixlm.runtime.process_threads import setup_compute_process
 from radixlm.runtime.process_utils import (
     STOP_SIGNAL, die_with_parent, leave_shutdown_to_rank0, set_process_name, setup_logging,
 )
+from radixlm.runtime.fast_exit import exit_now
 from radixlm.runtime.scheduler_loop import run_loop
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def run_follower_rank(args: ServerArgs, local_rank: int) -> None:
     finally:
         sched.shutdown()
         destroy_tensor_parallel()
+    exit_now(0)  # stopped cleanly: skip the slow interpreter teardown (fast_exit.py)
 
 
 def spawn_follower_ranks(args: ServerArgs, first_local_rank: int) -> list[mp.Process]:

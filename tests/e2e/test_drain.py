@@ -2,7 +2,11 @@
 /health 503), the process exits 0 with no child left; past --shutdown-timeout the
 request still running ends with a clear error instead. The same holds when SIGTERM or
 SIGINT reaches the whole process group (systemd, Ctrl-C): the children leave it to the
-API process."""
+API process.
+
+The scheduler is paused (SIGSTOP) from just before the signal until the test has seen the
+server draining and refusing: the request in flight cannot finish meanwhile, so the drain
+cannot end (and the server exit) before the test looks, however loaded the machine is."""
 
 from __future__ import annotations
 
@@ -11,12 +15,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from tests.conftest import make_tiny_llama
-from tests.process_tree import alive
+from tests.process_tree import alive, comm
 from tests.server_harness import running_server
 
 pytestmark = pytest.mark.slow
@@ -45,11 +51,24 @@ def _exit_code(proc: subprocess.Popen, timeout_s: float = 120) -> int:
 
 
 def _wait_draining(url: str, timeout_s: float = 30.0) -> None:
-    """Until /health answers 503: the server has taken the signal and is draining."""
+    """Until /health answers 503: the server has taken the signal and is draining (the
+    caller holds the scheduler paused, so the drain cannot have ended already)."""
     deadline = time.monotonic() + timeout_s
     while httpx.get(url + "/health", timeout=30).status_code != 503:
         assert time.monotonic() < deadline, "the server did not start draining"
         time.sleep(0.02)
+
+
+@contextmanager
+def _scheduler_paused(children: set[int]) -> Iterator[None]:
+    """SIGSTOP the server's scheduler process (SIGCONT on the way out): no request makes
+    progress meanwhile; the API process keeps answering."""
+    (pid,) = [p for p in children if comm(p) == "radixlm-sched"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _survivors(children: set[int], wait_s: float = 15.0) -> list[int]:
@@ -68,11 +87,12 @@ def test_sigterm_finishes_running_request_and_refuses_new(long_ctx_model: str) -
         with httpx.Client() as client, _stream_lines(client, srv.url) as resp:
             lines = resp.iter_lines()
             first = [next(lines) for _ in range(2)]  # decoding has started
-            srv.proc.send_signal(signal.SIGTERM)
-            _wait_draining(srv.url)  # the signal is handled on the server's loop
-            refused = httpx.post(srv.url + "/v1/completions",
-                                 json={"prompt": "w5", "max_tokens": 1}, timeout=30)
-            health = httpx.get(srv.url + "/health", timeout=30)
+            with _scheduler_paused(children):
+                srv.proc.send_signal(signal.SIGTERM)
+                _wait_draining(srv.url)  # the signal is handled on the server's loop
+                refused = httpx.post(srv.url + "/v1/completions",
+                                     json={"prompt": "w5", "max_tokens": 1}, timeout=30)
+                health = httpx.get(srv.url + "/health", timeout=30)
             rest = list(lines)
         events = _events(first + rest)
         assert refused.status_code == 503, refused.text
@@ -120,10 +140,11 @@ def test_signal_to_the_process_group_drains(long_ctx_model: str, sig: signal.Sig
                                                      json=body, timeout=300) as resp:
             lines = resp.iter_lines()
             first = [next(lines) for _ in range(2)]  # decoding has started
-            os.killpg(srv.proc.pid, sig)
-            _wait_draining(srv.url)
-            refused = httpx.post(srv.url + "/v1/completions",
-                                 json={"prompt": "w5", "max_tokens": 1}, timeout=30)
+            with _scheduler_paused(children):
+                os.killpg(srv.proc.pid, sig)
+                _wait_draining(srv.url)
+                refused = httpx.post(srv.url + "/v1/completions",
+                                     json={"prompt": "w5", "max_tokens": 1}, timeout=30)
             rest = list(lines)
         events = _events(first + rest)
         assert refused.status_code == 503, refused.text
@@ -145,8 +166,9 @@ def test_second_ctrl_c_stops_at_once(long_ctx_model: str) -> None:
         with httpx.Client() as client, _stream_lines(client, srv.url) as resp:
             lines = resp.iter_lines()
             got += [next(lines) for _ in range(2)]
-            os.killpg(srv.proc.pid, signal.SIGINT)
-            _wait_draining(srv.url)
+            with _scheduler_paused(children):
+                os.killpg(srv.proc.pid, signal.SIGINT)
+                _wait_draining(srv.url)
             t0 = time.monotonic()
             os.killpg(srv.proc.pid, signal.SIGINT)
             try:

@@ -7,14 +7,12 @@ continue_final_message, and 415 for a body that is not JSON."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import running_server
 
 pytestmark = [pytest.mark.slow, requires_default_model,
               pytest.mark.usefixtures("pool_invariant")]
@@ -24,12 +22,8 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    from radixlm.models import resolve_model_path
-
-    with running_server(resolve_model_path(None), "--max-total-tokens", "4096",
-                        "--max-running-requests", "8") as srv:
-        yield srv.url
+def server(default_server: str) -> str:
+    return default_server  # the session's shared default-model server (e2e/conftest.py)
 
 
 def _sse(resp: httpx.Response) -> list[dict]:

@@ -5,16 +5,11 @@ usage, bad requests, and clients that hang up early."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import shlex
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-
-from tests.server_harness import running_server
 
 
 def _have_default_model() -> bool:
@@ -33,20 +28,15 @@ pytestmark = [
 
 openai = pytest.importorskip("openai")
 
-# RADIXLM_E2E_SERVER_ARGS: more `radixlm serve` flags for the suite's server, e.g.
-# "--enable-torch-compile --torch-compile-max-bs 8" to run it on compiled decode graphs
-# (RADIXLM_E2E_STARTUP_TIMEOUT_S then gives the compile time).
-EXTRA_SERVER_ARGS = shlex.split(os.environ.get("RADIXLM_E2E_SERVER_ARGS", ""))
-STARTUP_TIMEOUT_S = float(os.environ.get("RADIXLM_E2E_STARTUP_TIMEOUT_S", "180"))
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8",
-                        *EXTRA_SERVER_ARGS, startup_s=STARTUP_TIMEOUT_S) as srv:
-        yield srv.url
+def server(default_server: str) -> str:
+    """The session's shared default-model server (e2e/conftest.py; its
+    RADIXLM_E2E_SERVER_ARGS runs this module on other flags)."""
+    return default_server
 
 @pytest.fixture(scope="module")
 def model(client: Any) -> str:

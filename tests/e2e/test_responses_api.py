@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import running_server
 
 pytestmark = [pytest.mark.slow, requires_default_model,
               pytest.mark.usefixtures("pool_invariant")]
@@ -32,12 +30,10 @@ PERSON = {"type": "object", "properties": {
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    from radixlm.models import resolve_model_path
-
-    with running_server(resolve_model_path(None), "--max-total-tokens", "4096",
-                        "--max-running-requests", "8", "--responses-store-size", "4") as srv:
-        yield srv.url
+def server(default_server: str) -> str:
+    """The session's shared default-model server (e2e/conftest.py), whose
+    --responses-store-size 4 the eviction test relies on."""
+    return default_server
 
 
 def test_plain_response_and_store(client: Any, server: str) -> None:

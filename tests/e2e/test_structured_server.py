@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import running_server
 
 pytestmark = [pytest.mark.slow, requires_default_model,
               pytest.mark.usefixtures("pool_invariant")]
@@ -41,9 +39,8 @@ PERSON = {"type": "object", "properties": {
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with running_server(None, "--max-total-tokens", "4096", "--max-running-requests", "8") as srv:
-        yield srv.url
+def server(default_server: str) -> str:
+    return default_server  # the session's shared default-model server (e2e/conftest.py)
 
 def _check_call(call: Any, tools: list[dict]) -> None:
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
