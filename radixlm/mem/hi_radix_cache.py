@@ -89,6 +89,7 @@ class HiRadixCache(RadixCache):
         self._loading_slots = 0
         self._held: dict[str, TreeNode] = {}  # rid -> loaded path locked until admission
         self._chains: dict[str, BlockKeyChain] = {}  # rid -> key chain of a deferred load
+        self._closed = False
         self.counters = {"blocks_demoted": 0, "blocks_written_through": 0, "blocks_loaded": 0,
                          "blocks_flushed_at_close": 0,
                          "loads": 0, "load_seconds": 0.0, "hit_tokens_storage": 0,
@@ -309,6 +310,9 @@ class HiRadixCache(RadixCache):
         are still there, under write_through_selective those of prefixes seen once. Like
         an eviction of everything, this writes every whole block (the selective filter
         applies to write-through at finish time, not to demotion)."""
+        if self._closed:
+            return
+        self._closed = True
         deadline = time.monotonic() + self.cfg.close_flush_seconds
         self.io.drain(timeout=self.cfg.close_flush_seconds)
         try:
@@ -321,23 +325,24 @@ class HiRadixCache(RadixCache):
     def _flush_to_storage(self, deadline: float) -> int:
         """Write the whole blocks of the device tree, then those of the host tier, that
         the storage tier lacks, on this thread, until `deadline`; returns how many."""
-        written = 0
-        stack: list[tuple[TreeNode, list[int], torch.Tensor]] = [
-            (c, [], self._empty()) for c in self.root.children.values()]
+        written, b = 0, self.block
+        # (node, tokens above it, their slots, the keys of their whole blocks)
+        stack: list[tuple[TreeNode, list[int], torch.Tensor, list[bytes]]] = [
+            (c, [], self._empty(), []) for c in self.root.children.values()]
         while stack and time.monotonic() < deadline:
-            node, above, above_slots = stack.pop()
+            node, above, above_slots, keys = stack.pop()
             tokens, slots = above + node.key, torch.cat([above_slots, node.value])
-            first, last = len(above) // self.block, len(tokens) // self.block
+            first, last = len(keys), len(tokens) // b
             if last > first:
-                keys = block_keys(self.fp, tokens[:last * self.block], self.block)
-                b = self.block
+                keys = keys + block_keys(self.fp, tokens[:last * b], b, first=first,
+                                         prev=keys[-1] if keys else None)
                 for i in range(first, last):
                     if time.monotonic() >= deadline:
                         break
                     if not self.store.contains(keys[i]):
                         data = gather_blocks(self.kv_pool, slots[i * b:(i + 1) * b], b)[0]
                         written += self.store.put(keys[i], data)
-            stack.extend((c, tokens, slots) for c in node.children.values())
+            stack.extend((c, tokens, slots, keys) for c in node.children.values())
         if self.host is not None:
             written += self.host.flush_to(self.store, deadline)
         if stack or time.monotonic() >= deadline:
