@@ -5,8 +5,10 @@ hit rate comes near that of a cache that never forgets (a load that does not fit
 admission budget now waits for room instead of computing the prefix in chunks: that
 lost most hits); the greedy outputs equal those without tiers; the pool invariant holds
 (the bench checks it after each run); a load is deferred only while KV held elsewhere
-will come back. A loaded prefix stays locked until its request is admitted
-(tests/integration/test_hicache_robust.py)."""
+will come back. Known gap: a pool that holds about one request (512 here) still loses
+hits (47% of an ideal 71%, 4 requests on each of 8 prefixes), with or without the lock
+that now keeps a loaded prefix until its request is admitted (it saves some repeated
+loads there, not hits): the cause is elsewhere (docs/memory.md)."""
 
 from __future__ import annotations
 
