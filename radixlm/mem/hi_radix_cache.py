@@ -161,10 +161,7 @@ class HiRadixCache(RadixCache):
         Raises LoadDeferred (defer it) when another request is loading the same blocks, or
         when the blocks do not fit the budget now but KV held by requests or loads will come
         back (`_kv_comes_back`); the blocks' key chain is kept for the retry."""
-        try:
-            delta = self._start_load(req, key, match, kv_budget)
-        except LoadDeferred:
-            raise
+        delta = self._start_load(req, key, match, kv_budget)  # LoadDeferred: chain kept
         self._chains.pop(req.rid, None)
         return delta
 

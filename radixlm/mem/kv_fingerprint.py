@@ -135,4 +135,3 @@ class BlockKeyChain:
             self.keys = self.keys[:same] + new
             self.tokens = list(tokens[:n * b])
         return self.keys[:n]
-
