@@ -2,11 +2,14 @@
 tokenizer) of a named shape, for benchmarks on machines that cannot download weights.
 
     python scripts/random_llama.py --preset llama-1b --out /tmp/llama1b [--device cuda]
+    python scripts/random_llama.py --preset smollm2-135m --num-layers 6 --out /tmp/smol6
 
 Throughput depends on the shapes, not the values: `smollm2-135m` has the default
 model's shapes (its GGUF is too large to carry to the GPU machine), `llama-1b` those of
 Llama-3.2-1B. Weights are N(0, 0.02) (norm weights 1), generated on --device in the
-checkpoint dtype, so a 1B model takes seconds on a GPU.
+checkpoint dtype, so a 1B model takes seconds on a GPU. `--num-layers` keeps a preset's
+width (hidden size, heads, vocabulary) with fewer or more layers: a CPU benchmark at the
+default model's width in a fraction of its time.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -76,11 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="Override the preset's num_hidden_layers (its width stays).")
     args = p.parse_args(argv)
+    shape = PRESETS[args.preset]
+    if args.num_layers is not None:
+        if args.num_layers < 1:
+            p.error("--num-layers must be >= 1")
+        shape = replace(shape, num_hidden_layers=args.num_layers)
     torch.set_num_threads(os.cpu_count() or 1)  # tests.conftest caps it for the test suite
     t0 = time.perf_counter()
-    n = write_random_llama(args.out, PRESETS[args.preset], getattr(torch, args.dtype), args.device)
-    print(json.dumps({"preset": args.preset, "out": args.out, "params": n,
+    n = write_random_llama(args.out, shape, getattr(torch, args.dtype), args.device)
+    print(json.dumps({"preset": args.preset, "num_layers": shape.num_hidden_layers,
+                      "out": args.out, "params": n,
                       "seconds": round(time.perf_counter() - t0, 1)}))
     return 0
 

@@ -1,23 +1,24 @@
 """HiRadixCache: the radix cache over a device pool, an optional host tier and a storage
 tier of files (`--enable-hierarchical-cache`).
 
-Eviction demotes: an evicted leaf's whole blocks are copied out and queued for the tiers
-below (host if there is one, else storage; unless held there already) before its slots are
-freed; the host tier's LRU evictions go to storage (TieredKVStore). Write policy:
-write_back writes only on eviction; write_through also writes a request's blocks when it
-finishes, to host and storage; write_through_selective only for requests that hit the
-cache (prefixes seen twice). A failed request's poisoned positions are never written. A
-match that continues into a lower tier starts a LoadJob (`start_load`): the matched device
-path is locked, fresh slots are allocated and the loader thread fills them; `poll_loads`
-(each step) inserts the loaded blocks into the tree, unlocks, and hands the request back.
-Invariant: free + tree + requests + slots of loads in flight == total (`total_size`
-counts the latter). More: docs/memory.md, "Hierarchical cache".
+Eviction demotes: an evicted leaf's whole blocks are queued for the tiers below (host if
+any, else storage) before its slots are freed; host LRU evictions go to storage. Write
+policy: write_back writes on eviction only; write_through also a finishing request's
+blocks; write_through_selective only those of requests that hit the cache. A failed
+request's poisoned positions are never written. `close` writes what device and host hold
+and storage lacks (at most `close_flush_seconds`), so a restart finds it. A match that
+continues below starts a LoadJob (`start_load`; a deferred one keeps its key chain for its
+retries); `poll_loads` inserts the loaded blocks and hands the request back with them
+locked (a hold) until admission, abort or `release_holds` (`release_hold`).
+Invariant: free + tree + requests + slots of loads in flight == total; idle, no lock or
+hold is left. More: docs/memory.md, "Hierarchical cache".
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import time
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from radixlm.mem.file_kv_store import FileKVStore
 from radixlm.mem.host_kv_store import HostKVStore
 from radixlm.mem.kv_block_io import BlockIO, LoadJob, gather_blocks
-from radixlm.mem.kv_fingerprint import KVFingerprint, block_keys
+from radixlm.mem.kv_fingerprint import BlockKeyChain, KVFingerprint, block_keys
 from radixlm.mem.kv_slot_allocator import KVSlotAllocator
 from radixlm.mem.radix_cache import RadixCache
 from radixlm.mem.radix_tree_node import MatchResult, TreeNode
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DEFAULT_BLOCK_TOKENS = 64
+# At close (server stop), at most this long writing device and host blocks to storage.
+CLOSE_FLUSH_SECONDS = 30.0
 
 
 def storage_block_tokens(page_size: int) -> int:
@@ -53,6 +56,7 @@ class HiCacheConfig:
     sync_loads: bool = False  # wait for loads at the next poll (tensor parallel ranks)
     host_bytes: int = 0  # host tier (0: none)
     pin_host: bool = False  # pinned host memory (the device is CUDA)
+    close_flush_seconds: float = CLOSE_FLUSH_SECONDS
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -83,7 +87,11 @@ class HiRadixCache(RadixCache):
         self._loading: dict[str, LoadJob] = {}
         self._loading_keys: set[bytes] = set()
         self._loading_slots = 0
+        self._held: dict[str, TreeNode] = {}  # rid -> loaded path locked until admission
+        self._chains: dict[str, BlockKeyChain] = {}  # rid -> key chain of a deferred load
+        self._closed = False
         self.counters = {"blocks_demoted": 0, "blocks_written_through": 0, "blocks_loaded": 0,
+                         "blocks_flushed_at_close": 0,
                          "loads": 0, "load_seconds": 0.0, "hit_tokens_storage": 0,
                          "hit_tokens_host": 0, "blocks_loaded_host": 0, "load_misses": 0}
 
@@ -152,12 +160,23 @@ class HiRadixCache(RadixCache):
         waits in the hicache until `poll_loads` returns it. None: no load (admit as is).
         Raises LoadDeferred (defer it) when another request is loading the same blocks, or
         when the blocks do not fit the budget now but KV held by requests or loads will come
-        back (`_kv_comes_back`)."""
+        back (`_kv_comes_back`); the blocks' key chain is kept for the retry."""
+        delta = self._start_load(req, key, match, kv_budget)  # LoadDeferred: chain kept
+        self._chains.pop(req.rid, None)
+        return delta
+
+    def _keys_of(self, rid: str, tokens: list[int]) -> list[bytes]:
+        chain = self._chains.get(rid)
+        if chain is None:
+            chain = self._chains[rid] = BlockKeyChain(self.fp, self.block)
+        return chain.keys_of(tokens)
+
+    def _start_load(self, req, key: list[int], match: MatchResult, kv_budget: int) -> int | None:
         b = self.block
         first, nblocks = match.prefix_len // b, len(key) // b
         if nblocks <= first or self.tiers.num_blocks() == 0 and not self.io.has_pending():
             return None
-        keys = block_keys(self.fp, key[:nblocks * b], b)[first:]
+        keys = self._keys_of(req.rid, key[:nblocks * b])[first:]
         k = 0
         while k < len(keys) and self.io.has(keys[k]):
             k += 1
@@ -215,8 +234,8 @@ class HiRadixCache(RadixCache):
     def _finish_load(self, job: LoadJob) -> None:
         n = job.loaded * self.block
         self.allocator.free(job.slots[n:])
+        end = job.start + n
         if n:
-            end = job.start + n
             had = self.insert(job.req.fill_ids[:end], torch.cat([job.prefix_slots, job.slots[:n]]))
             if had > job.start:  # computed by another request meanwhile: the tree keeps its own
                 self.allocator.free(job.slots[:had - job.start])
@@ -230,10 +249,34 @@ class HiRadixCache(RadixCache):
         self.counters["blocks_loaded_host"] += job.from_host
         self.counters["loads"] += 1
         self.counters["load_seconds"] += job.seconds
+        if not job.req.finished:  # the hold: the loaded path stays locked until admission
+            node = self.match_prefix(job.req.fill_ids[:max(end, job.device_prefix)]).last_node
+            self.inc_lock_ref(node)
+            old = self._held.get(job.req.rid)
+            self._held[job.req.rid] = node
+            if old is not None:  # a second load for the same request: one hold
+                self.dec_lock_ref(old)
         self.dec_lock_ref(job.node)
         self._loading_slots -= job.slots.numel()
         self._loading_keys.difference_update(job.keys)
         del self._loading[job.req.rid]
+
+    def release_hold(self, req) -> int:
+        """Unlock the path a load left locked for `req` (admitted: its own lock now covers
+        it; aborted, or it can never fit with the hold); returns the change of
+        `evictable_size()` (>= 0). Also forgets a deferred load's key chain."""
+        self._chains.pop(req.rid, None)
+        node = self._held.pop(req.rid, None)
+        return self.dec_lock_ref(node) if node is not None else 0
+
+    def release_holds(self) -> int:
+        """Unlock every held path (the KV is needed elsewhere); returns the change of
+        `evictable_size()`."""
+        return sum(self.dec_lock_ref(self._held.pop(rid)) for rid in list(self._held))
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
 
     def abort_loading(self, rid: str) -> bool:
         """Mark a loading request aborted (answered when its load completes)."""
@@ -259,8 +302,50 @@ class HiRadixCache(RadixCache):
         return n
 
     def close(self) -> None:
+        """Stop the IO threads; first write what the device tree and the host tier hold
+        and storage lacks (at most `close_flush_seconds`): under write_back most blocks
+        are still there, under write_through_selective those of prefixes seen once. Like
+        an eviction of everything, this writes every whole block (the selective filter
+        applies to write-through at finish time, not to demotion)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self.cfg.close_flush_seconds
+        self.io.drain(timeout=self.cfg.close_flush_seconds)
+        try:
+            self.counters["blocks_flushed_at_close"] += self._flush_to_storage(deadline)
+        except Exception:  # a failed flush loses hits after a restart, never the stop
+            logger.exception("hicache flush at close")
         self.io.close()
         self.tiers.close()
+
+    def _flush_to_storage(self, deadline: float) -> int:
+        """Write the whole blocks of the device tree, then those of the host tier, that
+        the storage tier lacks, on this thread, until `deadline`; returns how many."""
+        written, b = 0, self.block
+        # (node, tokens above it, their slots, the keys of their whole blocks)
+        stack: list[tuple[TreeNode, list[int], torch.Tensor, list[bytes]]] = [
+            (c, [], self._empty(), []) for c in self.root.children.values()]
+        while stack and time.monotonic() < deadline:
+            node, above, above_slots, keys = stack.pop()
+            tokens, slots = above + node.key, torch.cat([above_slots, node.value])
+            first, last = len(keys), len(tokens) // b
+            if last > first:
+                keys = keys + block_keys(self.fp, tokens[:last * b], b, first=first,
+                                         prev=keys[-1] if keys else None)
+                for i in range(first, last):
+                    if time.monotonic() >= deadline:
+                        break
+                    if not self.store.contains(keys[i]):
+                        data = gather_blocks(self.kv_pool, slots[i * b:(i + 1) * b], b)[0]
+                        written += self.store.put(keys[i], data)
+            stack.extend((c, tokens, slots, keys) for c in node.children.values())
+        if self.host is not None:
+            written += self.host.flush_to(self.store, deadline)
+        if stack or time.monotonic() >= deadline:
+            logger.warning("hicache: close flush stopped after %.0f s (%d blocks written)",
+                           self.cfg.close_flush_seconds, written)
+        return written
 
     def tier_stats(self) -> dict[str, float]:
         c = self.counters
@@ -275,6 +360,7 @@ class HiRadixCache(RadixCache):
                 "host_bytes": self.host.size_bytes() if self.host else 0,
                 "host_blocks": self.host.num_blocks() if self.host else 0,
                 "blocks_host_to_storage": self.tiers.host_to_storage,
+                "held": len(self._held),
                 "storage_bad_files_deleted": self.store.deleted_bad,
                 "load_bytes": c["blocks_loaded"] * self.store.block_bytes,
                 "loading": len(self._loading), "storage_dir": str(self.store.dir)}

@@ -10,6 +10,7 @@ tensor itself: callers only read it (the loader copies it into device slots).
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -61,6 +62,19 @@ class HostKVStore:
             for k, b in out:
                 self.on_evict(k, b)
         return True
+
+    def flush_to(self, tier, deadline: float) -> int:
+        """Put every block `tier` (a KVTier) lacks into it, most recently used first,
+        until `deadline` (time.monotonic()); returns how many went. At close."""
+        with self._mu:
+            items = list(reversed(self._blocks.items()))
+        n = 0
+        for key, block in items:
+            if time.monotonic() >= deadline:
+                break
+            if not tier.contains(key) and tier.put(key, block):
+                n += 1
+        return n
 
     def clear(self) -> None:
         with self._mu:

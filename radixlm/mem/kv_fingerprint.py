@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +109,29 @@ def block_keys(fingerprint: bytes, tokens: list[int], block_tokens: int,
         if i >= first:
             out.append(key)
     return out
+
+
+@dataclass
+class BlockKeyChain:
+    """The keys of one token sequence's whole blocks, kept between calls (a deferred load's
+    retries): blocks whose tokens are unchanged keep their keys, only new or changed ones
+    are hashed, so every retry names the blocks exactly as the first call did."""
+    fingerprint: bytes
+    block_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
+
+    def keys_of(self, tokens: list[int]) -> list[bytes]:
+        """block_keys(fingerprint, tokens, block_tokens), reusing the common prefix."""
+        b = self.block_tokens
+        n = len(tokens) // b
+        same = 0
+        while (same < min(n, len(self.keys))
+               and self.tokens[same * b:(same + 1) * b] == tokens[same * b:(same + 1) * b]):
+            same += 1
+        if same < n:
+            new = block_keys(self.fingerprint, tokens[:n * b], b, first=same,
+                             prev=self.keys[same - 1] if same else None)
+            self.keys = self.keys[:same] + new
+            self.tokens = list(tokens[:n * b])
+        return self.keys[:n]

@@ -376,6 +376,15 @@ class RadixCache:
         """Whether `rid` was loading (it is then answered when its load completes)."""
         return False
 
+    def release_hold(self, req: Req) -> int:
+        """Unlock what a completed load left locked for `req` until its admission; the
+        change of `evictable_size()` (none here)."""
+        return 0
+
+    def release_holds(self) -> int:
+        """Unlock every such hold; the change of `evictable_size()` (none here)."""
+        return 0
+
     def clear_storage(self) -> int | None:
         """Delete the storage tier's blocks: how many, or None without a storage tier."""
         return None

@@ -243,6 +243,7 @@ class Scheduler:
         for req in self.waiting:
             if req.rid == msg.rid:
                 self.waiting.remove(req)
+                self.tree_cache.release_hold(req)  # a loaded prefix waiting for admission
                 req.finish("abort")
                 self.outbox.append(self.output_processor.make_output(req))
                 self.finishing.append(req)  # a chunked prefill holds KV: released below
@@ -385,6 +386,10 @@ class Scheduler:
         while self.waiting:
             outcome = self._try_admit(self.waiting[0], adder, sharing, unsettled)
             if outcome == REFUSED:
+                if not (adder.admitted or self.running or self.inflight or self.finishing):
+                    # Nothing will give KV back: loaded prefixes locked for their requests'
+                    # admission would block the queue for ever. Unlock them (evictable).
+                    self.tree_cache.release_holds()
                 break
             req = self.waiting.popleft()  # LOADING: it waits in the hicache
             if outcome == DEFERRED:
@@ -453,6 +458,7 @@ class Scheduler:
                 adder.kv_budget += cache.dec_lock_ref(match.last_node)
             return REFUSED
         self.kv.admit(req, match, locked)
+        adder.kv_budget += cache.release_hold(req)  # its own lock now keeps a loaded prefix
         if req.retractions == 0:  # first admission: the usage and the hit-rate statistics
             req.cached_tokens = match.prefix_len
             self.prompt_tokens_total += len(req.input_ids)
@@ -484,6 +490,8 @@ class Scheduler:
             except OutOfKVSlots:
                 if self.inflight is not None:
                     self.finish_inflight()
+                    continue
+                if self.tree_cache.release_holds():  # waiting loaded prefixes go first
                     continue
                 self._retract_one(batch)
         if self.num_retractions == retractions:  # went well: admit a little more boldly

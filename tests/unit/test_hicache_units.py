@@ -1,5 +1,6 @@
 """The hierarchical cache's small parts: fingerprints differ in every field that changes
 K/V bytes, the weights hash is cached, block keys chain (a key names its whole prefix),
+a kept BlockKeyChain names blocks as a fresh hash does,
 the hicache metrics render from PoolStats.hicache, the tier plan's lines."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from radixlm.mem.kv_fingerprint import KVFingerprint, block_keys, weights_sha256
+from radixlm.mem.kv_fingerprint import BlockKeyChain, KVFingerprint, block_keys, weights_sha256
 from radixlm.messages import PoolStats
 from radixlm.planning.tier_plan import TierPlan
 from radixlm.server.metrics import EngineMetrics, Snapshot
@@ -76,3 +77,12 @@ def test_tier_plan_lines():
     assert tp.storage_tokens == 1000 and tp.host_tokens == 0
     text = "\n".join(tp.lines(device_tokens=64))
     assert "1000 tokens" in text and "64 tokens" in text
+
+
+def test_kept_key_chain_equals_a_fresh_hash():
+    fp, b = FP.digest(), 4
+    chain = BlockKeyChain(fp, b)
+    toks = list(range(3, 21))  # 4 whole blocks and 2 tokens
+    for tokens in (toks, toks, toks + [7] * 6, toks[:9], toks[:4] + [99] + toks[5:], []):
+        assert chain.keys_of(tokens) == block_keys(fp, tokens, b), tokens
+
