@@ -9,9 +9,7 @@ Tokens of all requests are packed in one flat dimension T (no padding):
     EXTEND: request i contributes extend_seq_lens[i] new tokens at positions
             prefix_lens[i] .. seq_lens[i]-1; its prefix K/V is already in the pool.
     DECODE: every request contributes exactly one token at position seq_lens[i]-1.
-    TARGET_VERIFY: laid out as EXTEND (the speculative verify: each request's newest token
-            plus its drafts); backends may run its rows as decode rows of per-row length
-            position + 1, which is the causal mask within the draft.
+    TARGET_VERIFY: laid out as EXTEND (newest token + drafts); rows may run as decodes.
 
 `out_cache_loc[t]` is the KV slot where token t's K/V is written; the same slots have
 already been recorded in `req_to_token` so attention can read them back through it.
