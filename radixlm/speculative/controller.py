@@ -113,6 +113,9 @@ class SpeculativeDecoding:
         self.k = num_draft_tokens
         self.max_batch_size = max_batch_size
         self.row_cap = row_cap
+        if row_cap is not None and row_cap - 1 < num_draft_tokens:
+            logger.info("speculative: verify steps keep to %d rows (the quantized linear "
+                        "kernels' limit): at most %d drafts at batch 1", row_cap, row_cap - 1)
         self.stats = SpecStats(drafter.name, num_draft_tokens)
         self._state: dict[str, _ReqState] = {}
         self._steps = 0
