@@ -13,7 +13,7 @@ prompts of `radixlm bench spec` is generated once per variant:
     kernel         verify rows through the C++ decode kernel, no row cap;
     kernel+cap     the kernel and the row cap (speculative/verify_rows.py): the default.
 
-Prints per variant the median over rounds of the summed tokens/s and the ratio to off,
+The variants' order rotates every round. Prints per variant the median over rounds of the summed tokens/s and the ratio to off,
 the mean acceptance length and whether the outputs equal those of "off". The radix cache
 holds the prompts after the first generation (every variant reuses them alike).
 """
@@ -59,8 +59,9 @@ def main() -> None:
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     outputs: dict[str, list] = {}
     accept: dict[str, SpecStats] = {}
-    for _ in range(args.rounds):
-        for v in VARIANTS:
+    for rnd in range(args.rounds):
+        # The order rotates each round, so that a load trend favours no variant.
+        for v in VARIANTS[rnd % 4:] + VARIANTS[:rnd % 4]:
             sched.speculative = None if v == "off" else spec
             spec.row_cap = cap if v == "kernel+cap" else None
             backend.verify_kernel = v != "extend"
