@@ -9,6 +9,7 @@ Tokens of all requests are packed in one flat dimension T (no padding):
     EXTEND: request i contributes extend_seq_lens[i] new tokens at positions
             prefix_lens[i] .. seq_lens[i]-1; its prefix K/V is already in the pool.
     DECODE: every request contributes exactly one token at position seq_lens[i]-1.
+    TARGET_VERIFY: laid out as EXTEND (newest token + drafts); rows may run as decodes.
 
 `out_cache_loc[t]` is the KV slot where token t's K/V is written; the same slots have
 already been recorded in `req_to_token` so attention can read them back through it.
@@ -40,9 +41,15 @@ class ForwardMode(enum.Enum):
     DECODE = enum.auto()  # one new token per request
     MIXED = enum.auto()  # prefill chunk + running decodes (as 1-token extends) in one pass
     IDLE = enum.auto()  # nothing to run
+    # The speculative verify: an EXTEND (newest token + drafts per request, logits at every
+    # row) that a backend may run as one decode row per token (SGLang's name).
+    TARGET_VERIFY = enum.auto()
 
     def is_extend(self) -> bool:
-        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+
+    def is_target_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
 
     def is_decode(self) -> bool:
         return self is ForwardMode.DECODE

@@ -7,6 +7,10 @@ pool, with no host values (so compiled decode graphs can hold it); elsewhere it 
 batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
 An extend batch's trailing one-token rows (a MIXED batch's running decodes) are a decode:
 they take the decode path in one call, the rows before them the per-request loop.
+A TARGET_VERIFY batch (speculative verify), with the kernel, writes its K/V into the pool
+and then runs every token as a decode row of length position + 1 (row j of a request sees
+its prefix and drafts 0..j: the causal mask) in one kernel call per layer; `verify_kernel`
+False sends it through the extend loop instead.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
-from radixlm.cpu_kernels.ops import decode_attention_with_kv_write, paged_decode_attention
+from radixlm.cpu_kernels.ops import (decode_attention_with_kv_write, paged_decode_attention,
+                                     paged_decode_attention_eager)
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
@@ -74,13 +79,24 @@ class _ExtendMetadata:
         return self.windowed[window]
 
 
+@dataclass
+class _VerifyMetadata:
+    # Per flat token t of a TARGET_VERIFY batch: its request's req_to_token row and the
+    # number of positions it sees (its position + 1).
+    rows: torch.Tensor  # [T] int64
+    lens: torch.Tensor  # [T] int64
+
+
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, decode_kernel: bool = False) -> None:
-        """decode_kernel: decode through radixlm::paged_decode_attention (CPU tensors)."""
+    def __init__(self, decode_kernel: bool = False, verify_kernel: bool = True) -> None:
+        """decode_kernel: decode through radixlm::paged_decode_attention (CPU tensors);
+        verify_kernel: TARGET_VERIFY batches too (only with decode_kernel)."""
         self.decode_kernel = decode_kernel
+        self.verify_kernel = verify_kernel
         self.supports_decode_graphs = decode_kernel
         self.decode_md: _DecodeMetadata | None = None
         self.extend_md: _ExtendMetadata | None = None
+        self.verify_md: _VerifyMetadata | None = None
         # Extend batches: the first request and flat token of the trailing one-token rows
         # that run as a decode (== batch size and T when there are none).
         self.tail_req = self.tail_tok = 0
@@ -90,6 +106,14 @@ class TorchAttentionBackend(AttentionBackend):
         if fb.forward_mode.is_decode():
             self._init_decode(fb.req_pool_indices, fb.seq_lens, max(fb.seq_lens_cpu),
                               req_to_token)
+            return
+        self.verify_md = None
+        if fb.forward_mode.is_target_verify() and self.decode_kernel and self.verify_kernel:
+            ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)
+            rows = fb.req_pool_indices.to(torch.int64).repeat_interleave(
+                ext, output_size=fb.input_ids.shape[0])
+            self.verify_md = _VerifyMetadata(rows.contiguous(),
+                                             (fb.positions.to(torch.int64) + 1).contiguous())
             return
         lens = fb.extend_seq_lens_cpu
         tail = len(lens)
@@ -136,6 +160,8 @@ class TorchAttentionBackend(AttentionBackend):
         if fb.forward_mode.is_decode():
             return self._decode_rows(q, k, v, layer, fb, fb.out_cache_loc,
                                      fb.req_pool_indices, fb.seq_lens)
+        if self.verify_md is not None and fb.forward_mode.is_target_verify():
+            return self._verify_rows(q, k, v, layer, fb)
         b, t = self.tail_req, self.tail_tok
         if t == q.shape[0]:
             fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
@@ -147,6 +173,17 @@ class TorchAttentionBackend(AttentionBackend):
             fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc[:t], k[:t], v[:t])
             out[:t] = self._extend(q[:t], *fb.token_to_kv_pool.get_kv(layer.layer_id), layer, fb)
         return out
+
+    def _verify_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
+        """A TARGET_VERIFY batch: all its K/V into the pool first (row j reads rows
+        0..j-1's), then each token as a decode row of its own length."""
+        pool = fb.token_to_kv_pool
+        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+        md = self.verify_md
+        return paged_decode_attention_eager(q, *pool.get_kv(layer.layer_id),
+                                            fb.req_to_token_pool.req_to_token, md.rows,
+                                            md.lens, layer.scaling, layer.sliding_window or 0)
 
     def _decode_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      layer: "RadixAttention", fb: "ForwardBatch", loc: torch.Tensor,

@@ -10,7 +10,8 @@ own draw: exact), then t_m. Drafts with a law q: rejection.py's min(1, p/q) rule
 the target's law from the verify's logits. Tokens pass the stop checks one by one; then
 kv_len rolls back to seq_len - 1 (rejected slots free at once). `forget_gone` drops the
 state (and draft KV) of requests that left the running set. Adaptive: drafts that miss
-twice in a row pause drafting for 2, 4, ... 64 steps. More: docs/speculative.md.
+twice in a row pause drafting for 2, 4, ... 64 steps; drafts are cut to the model's cheap
+row count (verify_rows.py). More: docs/speculative.md.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from radixlm.speculative.grammar_drafts import GrammarDrafts
 from radixlm.speculative.rejection import accept_with_probs
 from radixlm.speculative.stats import SpecStats
 from radixlm.speculative.verify_batch import prepare_verify
+from radixlm.speculative.verify_rows import cap_draft_budgets, cheap_verify_rows
 
 if TYPE_CHECKING:
     from radixlm.mem.radix_cache import RadixCache
@@ -90,7 +92,8 @@ class SpecConfig:
         return SpeculativeDecoding(make_drafter(self.algorithm, tree_cache, self.ngram_min,
                                                 self.ngram_max, self.draft_model_path, runner,
                                                 tokenizer, self.num_draft_tokens),
-                                   self.num_draft_tokens, self.max_batch_size)
+                                   self.num_draft_tokens, self.max_batch_size,
+                                   cheap_verify_rows(getattr(runner, "model", None)))
 
 
 @dataclass
@@ -101,12 +104,18 @@ class _ReqState:
 
 
 class SpeculativeDecoding:
-    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_batch_size: int) -> None:
+    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_batch_size: int,
+                 row_cap: int | None = None) -> None:
+        """row_cap: the most rows a verify step should have (verify_rows.py; None: any)."""
         if num_draft_tokens < 1:
             raise ValueError(f"--speculative-num-draft-tokens must be >= 1, got {num_draft_tokens}")
         self.drafter = drafter
         self.k = num_draft_tokens
         self.max_batch_size = max_batch_size
+        self.row_cap = row_cap
+        if row_cap is not None and row_cap - 1 < num_draft_tokens:
+            logger.info("speculative: verify steps keep to %d rows (the quantized linear "
+                        "kernels' limit): at most %d drafts at batch 1", row_cap, row_cap - 1)
         self.stats = SpecStats(drafter.name, num_draft_tokens)
         self._state: dict[str, _ReqState] = {}
         self._steps = 0
@@ -126,13 +135,14 @@ class SpeculativeDecoding:
             if room <= 0:  # its last token: a draft model's KV for it can go now
                 self.drafter.forget(r.rid)
             out.append(0 if st.skip_until > self._steps else max(0, min(self.k, room)))
-        return out
+        return cap_draft_budgets(out, self.row_cap)
 
     def _propose(self, reqs: list["Req"], context_len: int) -> list[Draft]:
-        drafts = self.drafter.propose(reqs, self._budgets(reqs, context_len))
-        return [d if len(d.tokens) <= self.k else
-                Draft(d.tokens[:self.k], None if d.probs is None else d.probs[:self.k])
-                for d in drafts]
+        budgets = self._budgets(reqs, context_len)
+        drafts = self.drafter.propose(reqs, budgets)
+        return [d if len(d.tokens) <= n else
+                Draft(d.tokens[:n], None if d.probs is None else d.probs[:n])
+                for d, n in zip(drafts, budgets)]
 
     def run_step(self, sched: "Scheduler") -> bool:
         """Run one verify step in place of a decode step; False: decode as usual."""

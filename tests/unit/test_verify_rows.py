@@ -1,0 +1,63 @@
+"""The verify step's row cap (speculative/verify_rows.py): drafts are cut so that a verify
+stays within the quantized linear methods' small-batch row limit."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from radixlm.models.linear.method import DenseLinear, SmallBatchQuantized
+from radixlm.speculative.controller import SpeculativeDecoding
+from radixlm.speculative.drafter import Draft
+from radixlm.speculative.verify_rows import cap_draft_budgets, cheap_verify_rows
+
+
+class _Quantized(SmallBatchQuantized):
+    def small(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fallback(x)
+
+
+def test_cap_fills_rows_round_robin():
+    assert cap_draft_budgets([4], 4) == [3]  # batch 1: k + 1 = 4 rows
+    assert cap_draft_budgets([4, 4], 4) == [1, 1]
+    assert cap_draft_budgets([4, 4, 4], 4) == [1, 0, 0]
+    assert cap_draft_budgets([0, 4], 6) == [0, 4]  # a request not drafting leaves room
+    assert cap_draft_budgets([1, 4], 6) == [1, 3]
+    assert cap_draft_budgets([2, 2], 8) == [2, 2]  # under the cap: unchanged
+
+
+def test_no_cap_without_a_limit_or_at_a_large_batch():
+    assert cap_draft_budgets([4, 4], None) == [4, 4]
+    assert cap_draft_budgets([4] * 4, 4) == [4] * 4  # the requests alone fill the rows
+    assert cap_draft_budgets([4] * 5, 4) == [4] * 5
+
+
+def test_cheap_rows_is_the_smallest_quantized_limit():
+    w = torch.randn(8, 8)
+    model = nn.Sequential(_Quantized(DenseLinear(w), 4), _Quantized(DenseLinear(w), 6),
+                          DenseLinear(w))
+    assert cheap_verify_rows(model) == 4
+    assert cheap_verify_rows(nn.Sequential(DenseLinear(w))) is None  # float32: dense only
+    assert cheap_verify_rows(None) is None
+
+
+class _Drafter:
+    """Drafts as many tokens as asked plus two (the controller cuts them)."""
+    name, costly, tracked = "FAKE", False, set()
+
+    def propose(self, reqs, max_tokens):
+        return [Draft(list(range(n + 2))) for n in max_tokens]
+
+    def forget(self, rid):
+        pass
+
+
+def test_controller_proposes_within_the_cap():
+    reqs = [SimpleNamespace(rid=str(i), remaining_new_tokens=100, seq_len=10) for i in range(2)]
+    capped = SpeculativeDecoding(_Drafter(), 4, 4, row_cap=4)
+    assert [len(d.tokens) for d in capped._propose(reqs[:1], 1000)] == [3]
+    assert [len(d.tokens) for d in capped._propose(reqs, 1000)] == [1, 1]
+    free = SpeculativeDecoding(_Drafter(), 4, 4)
+    assert [len(d.tokens) for d in free._propose(reqs, 1000)] == [4, 4]
