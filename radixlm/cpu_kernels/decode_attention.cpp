@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fast_exp.h"
+#include "simd.h"
 
 namespace {
 
@@ -84,13 +85,147 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
   for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
 }
 
-// DC: head_dim known at compile time (64, 128: the inner loops then have constant trip
-// counts and unroll into whole vectors), 0 = D at run time.
+// Whether the block kernel below covers head_dim D (else decode_rows).
+inline bool blocked(int64_t D) { return D > 0 && D % kLanes == 0; }
+
+// Scratch of one thread (reused across its tasks).
+struct Scratch {
+  std::vector<float> qf, acc, kf, vf_rows, p;
+  std::vector<vf> part, lsum;  // per head: kLanes partial vectors; the softmax sum by lane
+  std::vector<float> m;        // per head: the running max
+};
+
+template <typename kv_t>
+inline const float* as_float(const kv_t* x, float* buf, int64_t d) {
+  if constexpr (std::is_same_v<kv_t, float>) {
+    return x;
+  } else {
+    to_float(x, buf, d);
+    return buf;
+  }
+}
+
+// The block kernel: positions in blocks of kLanes. Per block and query head g the scores
+// of the kLanes positions come out in the lanes of one vector (per position a partial
+// vector of q * k over head_dim, then one transpose_sum for the block), the online
+// softmax runs on that vector, and V is accumulated vectorized over head_dim, kLanes
+// positions per load of the accumulators. Each K/V row is read (and converted) once for
+// the G query heads of its KV head. DC: head_dim known at compile time (64, 128), 0 = D.
 template <typename q_t, typename kv_t, int DC>
-void decode(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
-            const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
-            int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
+void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+                   const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
+                   int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
   const int64_t D = DC ? DC : d_runtime;
+  const int64_t C = D / kLanes;  // vectors per row
+  const int64_t G = H / KVH;
+  const vf lanes = lane_index();
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    Scratch s;
+    s.qf.resize(G * D);
+    s.acc.resize(G * D);
+    s.kf.resize(D);
+    s.vf_rows.resize(kLanes * D);
+    s.p.resize(G * kLanes);
+    s.part.resize(G * kLanes);
+    s.m.resize(G);
+    s.lsum.resize(G);
+    std::vector<vf>& lsum = s.lsum;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, h = task % KVH;
+      if (kv.k != nullptr) {
+        const int64_t slot = kv.loc[b];
+        write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+        write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+      }
+      const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+      const int64_t L = lens[b] - first;
+      const int32_t* slots = r2t + rows[b] * r2t_stride + first;
+      const q_t* qb = q + (b * H + h * G) * D;
+      to_float(qb, s.qf.data(), G * D);
+      for (int64_t i = 0; i < G * D; ++i) s.qf[i] *= scale;
+      std::fill(s.acc.begin(), s.acc.end(), 0.f);
+      std::fill(s.m.begin(), s.m.end(), -INFINITY);
+      std::fill(lsum.begin(), lsum.end(), vf{});
+      const auto k_row = [&](int64_t l) { return kb + (static_cast<int64_t>(slots[l]) * KVH + h) * D; };
+      const auto v_row = [&](int64_t l) { return vb + (static_cast<int64_t>(slots[l]) * KVH + h) * D; };
+      for (int64_t l0 = 0; l0 < L; l0 += kLanes) {
+        const int64_t n = std::min<int64_t>(kLanes, L - l0);
+        // The next block's rows are gathered through req_to_token (no hardware prefetch).
+        for (int64_t l = l0 + kLanes; l < std::min<int64_t>(L, l0 + 2 * kLanes); ++l) {
+          prefetch_row(k_row(l), D);
+          prefetch_row(v_row(l), D);
+        }
+        // Scores: per position and head a partial vector, one transpose_sum per head.
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kr = as_float(k_row(l0 + j), s.kf.data(), D);
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = s.qf.data() + g * D;
+            vf a0 = load(qg) * load(kr), a1{};
+            int64_t c = 1;
+            for (; c + 1 < C; c += 2) {
+              a1 += load(qg + c * kLanes) * load(kr + c * kLanes);
+              a0 += load(qg + (c + 1) * kLanes) * load(kr + (c + 1) * kLanes);
+            }
+            if (c < C) a1 += load(qg + c * kLanes) * load(kr + c * kLanes);
+            s.part[g * kLanes + j] = a0 + a1;
+          }
+        }
+        const vf valid = lanes < static_cast<float>(n) ? splat(1.f) : vf{};
+        for (int64_t g = 0; g < G; ++g) {
+          vf* part = s.part.data() + g * kLanes;
+          for (int64_t j = n; j < kLanes; ++j) part[j] = vf{};
+          vf sc = transpose_sum(part);
+          sc = valid != 0.f ? sc : splat(-INFINITY);
+          const float m_new = std::max(s.m[g], hmax(sc));
+          const vf p = exp_vec(sc - m_new) * valid;
+          if (m_new != s.m[g]) {
+            // The running max rose: rescale what was accumulated under the old one.
+            const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
+            lsum[g] *= corr;
+            float* a = s.acc.data() + g * D;
+            for (int64_t c = 0; c < C; ++c) store(a + c * kLanes, load(a + c * kLanes) * corr);
+            s.m[g] = m_new;
+          }
+          lsum[g] += p;
+          store(s.p.data() + g * kLanes, p);
+        }
+        // V: the block's rows once (as float), then per head the accumulators, a few
+        // vectors of head_dim at a time, over the block's positions.
+        const float* vr[kLanes];
+        for (int64_t j = 0; j < n; ++j) vr[j] = as_float(v_row(l0 + j), s.vf_rows.data() + j * D, D);
+        for (int64_t g = 0; g < G; ++g) {
+          float* a = s.acc.data() + g * D;
+          const float* pg = s.p.data() + g * kLanes;
+          constexpr int64_t kTile = 8;
+          for (int64_t c0 = 0; c0 < C; c0 += kTile) {
+            const int64_t t_end = std::min<int64_t>(kTile, C - c0);
+            vf t[kTile];
+            for (int64_t c = 0; c < t_end; ++c) t[c] = load(a + (c0 + c) * kLanes);
+            for (int64_t j = 0; j < n; ++j) {
+              const float w = pg[j];
+              const float* v = vr[j] + c0 * kLanes;
+              for (int64_t c = 0; c < t_end; ++c) t[c] += w * load(v + c * kLanes);
+            }
+            for (int64_t c = 0; c < t_end; ++c) store(a + (c0 + c) * kLanes, t[c]);
+          }
+        }
+      }
+      q_t* ob = out + (b * H + h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float sum = hsum(lsum[g]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t i = 0; i < D; ++i) ob[g * D + i] = static_cast<q_t>(s.acc[g * D + i] * inv);
+      }
+    }
+  });
+}
+
+// The fallback for head_dims the block kernel does not cover (not a multiple of kLanes):
+// a row at a time, each score one dot product; scores kept for a two-pass softmax.
+template <typename q_t, typename kv_t>
+void decode_rows(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+                 const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
+                 int64_t KVH, int64_t D, float scale, int64_t window, KvWrite<q_t> kv) {
   const int64_t G = H / KVH;
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), row(D), p;
@@ -101,15 +236,11 @@ void decode(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_st
         write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
         write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
       }
-      // Positions [first, L) are visible: all of them, or the last `window`.
       const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
       const int64_t L = lens[b] - first;
       const int32_t* slots = r2t + rows[b] * r2t_stride + first;
-      // Query heads h*G .. h*G+G-1 of request b, pre-scaled.
-      const q_t* qb = q + (b * H + h * G) * D;
-      to_float(qb, qf.data(), G * D);
+      to_float(q + (b * H + h * G) * D, qf.data(), G * D);
       for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
-      // p[g * L + l]: score, then probability, of query head g for position l.
       p.resize(static_cast<size_t>(G * L));
       for (int64_t l = 0; l < L; ++l) {
         if (l + kAhead < L) prefetch_row(kb + (static_cast<int64_t>(slots[l + kAhead]) * KVH + h) * D, D);
@@ -148,12 +279,17 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
   const auto run = [&](auto* kv_tag) {
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
     const auto go = [&](auto dc) {
-      decode<q_t, kv_t, decltype(dc)::value>(
+      decode_blocks<q_t, kv_t, decltype(dc)::value>(
           q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
           r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
           lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
     };
-    if (D == 64) go(std::integral_constant<int, 64>{});
+    if (!blocked(D)) {
+      decode_rows<q_t, kv_t>(q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+                             r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+                             lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale,
+                             window, kv);
+    } else if (D == 64) go(std::integral_constant<int, 64>{});
     else if (D == 128) go(std::integral_constant<int, 128>{});
     else go(std::integral_constant<int, 0>{});
   };

@@ -1,0 +1,123 @@
+// Float vectors of the machine's width as GCC vector extensions (no intrinsics: the same
+// source compiles for AVX-512, AVX2 or anything else g++ targets), for the kernels of
+// this folder. kLanes is 16 where the compiler targets AVX-512F (-march=native on such a
+// CPU), else 8; -DRADIXLM_SIMD_LANES=8 forces 8 (a test builds the AVX2 width that way).
+//
+// Invariants: vf holds kLanes float32; loads and stores are unaligned (memcpy) and read or
+// write exactly kLanes elements; bf16 -> f32 is exact (the 16 bits moved up).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#if defined(RADIXLM_SIMD_LANES)
+constexpr int kLanes = RADIXLM_SIMD_LANES;
+#elif defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
+typedef uint32_t vu __attribute__((vector_size(kLanes * 4)));
+typedef uint16_t vh __attribute__((vector_size(kLanes * 2)));
+
+inline vf splat(float x) { return vf{} + x; }
+
+inline vf lane_index() {
+  vf v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(i);
+  return v;
+}
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline vf load(const c10::BFloat16* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  const vu u = __builtin_convertvector(h, vu) << 16;
+  return reinterpret_cast<const vf&>(u);
+}
+
+inline vf load(const c10::Half* p) {
+  vf v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// exp over a vector: fast_exp.h's exp_approx lane by lane (same range reduction and
+// polynomial; n = floor(x log2e + 1/2) by truncating a positive number, so that no
+// rounding builtin is needed).
+inline vf exp_vec(vf x) {
+  x = x < -87.f ? splat(-87.f) : x;
+  x = x > 88.f ? splat(88.f) : x;
+  const vi n = __builtin_convertvector(x * 1.44269504f + 128.5f, vi) - 128;
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
+  vf p = splat(1.f / 5040);
+  p = p * r + 1.f / 720;
+  p = p * r + 1.f / 120;
+  p = p * r + 1.f / 24;
+  p = p * r + 1.f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const vi bits = (n + 127) << 23;  // 2^n, n in [-126, 127]
+  return p * reinterpret_cast<const vf&>(bits);
+}
+
+namespace simd_detail {
+
+// fold<S>(x, y): x and y hold kLanes / S segments of S lanes, each segment partial sums of
+// one position. The result holds 2 * kLanes / S segments of S / 2 lanes: x's segments
+// (each folded in half: low half + high half), then y's, in order.
+constexpr int fold_index(int s, int j, bool high) {
+  const int h = s / 2, nseg = kLanes / s, k = j / h, o = j % h;
+  return (k / nseg) * kLanes + (k % nseg) * s + o + (high ? h : 0);
+}
+
+template <int S, int... J>
+inline vf fold(vf x, vf y, std::integer_sequence<int, J...>) {
+  return __builtin_shufflevector(x, y, fold_index(S, J, false)...) +
+         __builtin_shufflevector(x, y, fold_index(S, J, true)...);
+}
+
+template <int S>
+inline void reduce_level(vf* v) {
+  // S vectors of segment size S -> S / 2 vectors of segment size S / 2.
+  for (int m = 0; m < S / 2; ++m)
+    v[m] = fold<S>(v[2 * m], v[2 * m + 1], std::make_integer_sequence<int, kLanes>{});
+  if constexpr (S > 2) reduce_level<S / 2>(v);
+}
+
+}  // namespace simd_detail
+
+// v[0, kLanes): lane i of the result is the sum of v[i]'s lanes (a transpose-add: one
+// reduction for kLanes dot products). v is overwritten.
+inline vf transpose_sum(vf* v) {
+  simd_detail::reduce_level<kLanes>(v);
+  return v[0];
+}
