@@ -90,9 +90,11 @@ inline bool blocked(int64_t D) { return D > 0 && D % kLanes == 0; }
 
 // Scratch of one thread (reused across its tasks).
 struct Scratch {
-  std::vector<float> qf, acc, kf, vf_rows, p;
-  std::vector<vf> part, lsum;  // per head: kLanes partial vectors; the softmax sum by lane
-  std::vector<float> m;        // per head: the running max
+  std::vector<float> qf, acc, p;     // [G, D] scaled queries, [G, D] sums, [G, kLanes]
+  std::vector<float> kf, vf_rows;    // a block's K, V rows as float [kLanes, D] (not f32)
+  std::vector<float> zero;           // [D] zeros: the rows of a block's missing positions
+  std::vector<float> m;              // [G] running max
+  std::vector<vf> lsum;              // [G] softmax sums by lane
 };
 
 template <typename kv_t>
@@ -100,17 +102,19 @@ inline const float* as_float(const kv_t* x, float* buf, int64_t d) {
   if constexpr (std::is_same_v<kv_t, float>) {
     return x;
   } else {
-    to_float(x, buf, d);
+    for (int64_t i = 0; i < d; i += kLanes) store(buf + i, load(x + i));
     return buf;
   }
 }
 
 // The block kernel: positions in blocks of kLanes. Per block and query head g the scores
 // of the kLanes positions come out in the lanes of one vector (per position a partial
-// vector of q * k over head_dim, then one transpose_sum for the block), the online
-// softmax runs on that vector, and V is accumulated vectorized over head_dim, kLanes
-// positions per load of the accumulators. Each K/V row is read (and converted) once for
-// the G query heads of its KV head. DC: head_dim known at compile time (64, 128), 0 = D.
+// vector of q * k over head_dim, kept in registers, then one transpose_sum for the
+// block), the online softmax runs on that vector, and V is accumulated vectorized over
+// head_dim in register tiles over the block's positions. Each K/V row is read (and
+// converted) once for the G query heads of its KV head. A block's lane k is position
+// order[k] of it (transpose_sum's order); positions past the end read a zero row and get
+// probability 0. DC: head_dim known at compile time (64, 128), 0 = D.
 template <typename q_t, typename kv_t, int DC>
 void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
                    const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
@@ -118,18 +122,21 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   const int64_t D = DC ? DC : d_runtime;
   const int64_t C = D / kLanes;  // vectors per row
   const int64_t G = H / KVH;
-  const vf lanes = lane_index();
+  const vf order = transpose_order();
+  int order_i[kLanes];
+  for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
     Scratch s;
     s.qf.resize(G * D);
     s.acc.resize(G * D);
-    s.kf.resize(D);
-    s.vf_rows.resize(kLanes * D);
     s.p.resize(G * kLanes);
-    s.part.resize(G * kLanes);
+    if constexpr (!std::is_same_v<kv_t, float>) {
+      s.kf.resize(kLanes * D);
+      s.vf_rows.resize(kLanes * D);
+    }
+    s.zero.assign(D, 0.f);
     s.m.resize(G);
     s.lsum.resize(G);
-    std::vector<vf>& lsum = s.lsum;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
       if (kv.k != nullptr) {
@@ -140,40 +147,40 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
       const int64_t L = lens[b] - first;
       const int32_t* slots = r2t + rows[b] * r2t_stride + first;
-      const q_t* qb = q + (b * H + h * G) * D;
-      to_float(qb, s.qf.data(), G * D);
+      to_float(q + (b * H + h * G) * D, s.qf.data(), G * D);
       for (int64_t i = 0; i < G * D; ++i) s.qf[i] *= scale;
       std::fill(s.acc.begin(), s.acc.end(), 0.f);
       std::fill(s.m.begin(), s.m.end(), -INFINITY);
-      std::fill(lsum.begin(), lsum.end(), vf{});
-      const auto k_row = [&](int64_t l) { return kb + (static_cast<int64_t>(slots[l]) * KVH + h) * D; };
-      const auto v_row = [&](int64_t l) { return vb + (static_cast<int64_t>(slots[l]) * KVH + h) * D; };
+      std::fill(s.lsum.begin(), s.lsum.end(), vf{});
+      const auto row = [&](kv_t* buf, int64_t l) {
+        return buf + (static_cast<int64_t>(slots[l]) * KVH + h) * D;
+      };
       for (int64_t l0 = 0; l0 < L; l0 += kLanes) {
         const int64_t n = std::min<int64_t>(kLanes, L - l0);
         // The next block's rows are gathered through req_to_token (no hardware prefetch).
         for (int64_t l = l0 + kLanes; l < std::min<int64_t>(L, l0 + 2 * kLanes); ++l) {
-          prefetch_row(k_row(l), D);
-          prefetch_row(v_row(l), D);
+          prefetch_row(row(kb, l), D);
+          prefetch_row(row(vb, l), D);
         }
-        // Scores: per position and head a partial vector, one transpose_sum per head.
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kr = as_float(k_row(l0 + j), s.kf.data(), D);
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qg = s.qf.data() + g * D;
-            vf a0 = load(qg) * load(kr), a1{};
-            int64_t c = 1;
-            for (; c + 1 < C; c += 2) {
-              a1 += load(qg + c * kLanes) * load(kr + c * kLanes);
-              a0 += load(qg + (c + 1) * kLanes) * load(kr + (c + 1) * kLanes);
-            }
-            if (c < C) a1 += load(qg + c * kLanes) * load(kr + c * kLanes);
-            s.part[g * kLanes + j] = a0 + a1;
-          }
+        // The block's rows as float: K by position, V by lane (position order[k]).
+        const float* kr[kLanes];
+        const float* vr[kLanes];
+        for (int j = 0; j < kLanes; ++j)
+          kr[j] = j < n ? as_float(row(kb, l0 + j), s.kf.data() + j * D, D) : s.zero.data();
+        for (int k = 0; k < kLanes; ++k) {
+          const int j = order_i[k];
+          vr[k] = j < n ? as_float(row(vb, l0 + j), s.vf_rows.data() + k * D, D) : s.zero.data();
         }
-        const vf valid = lanes < static_cast<float>(n) ? splat(1.f) : vf{};
+        const vf valid = order < static_cast<float>(n) ? splat(1.f) : vf{};
         for (int64_t g = 0; g < G; ++g) {
-          vf* part = s.part.data() + g * kLanes;
-          for (int64_t j = n; j < kLanes; ++j) part[j] = vf{};
+          const float* qg = s.qf.data() + g * D;
+          // part[j]: q . k of position j, in kLanes partial sums.
+          vf part[kLanes];
+          for (int j = 0; j < kLanes; ++j) {
+            vf a = load(qg) * load(kr[j]);
+            for (int64_t c = 1; c < C; ++c) a += load(qg + c * kLanes) * load(kr[j] + c * kLanes);
+            part[j] = a;
+          }
           vf sc = transpose_sum(part);
           sc = valid != 0.f ? sc : splat(-INFINITY);
           const float m_new = std::max(s.m[g], hmax(sc));
@@ -181,38 +188,33 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
           if (m_new != s.m[g]) {
             // The running max rose: rescale what was accumulated under the old one.
             const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
-            lsum[g] *= corr;
+            s.lsum[g] *= corr;
             float* a = s.acc.data() + g * D;
             for (int64_t c = 0; c < C; ++c) store(a + c * kLanes, load(a + c * kLanes) * corr);
             s.m[g] = m_new;
           }
-          lsum[g] += p;
-          store(s.p.data() + g * kLanes, p);
-        }
-        // V: the block's rows once (as float), then per head the accumulators, a few
-        // vectors of head_dim at a time, over the block's positions.
-        const float* vr[kLanes];
-        for (int64_t j = 0; j < n; ++j) vr[j] = as_float(v_row(l0 + j), s.vf_rows.data() + j * D, D);
-        for (int64_t g = 0; g < G; ++g) {
-          float* a = s.acc.data() + g * D;
-          const float* pg = s.p.data() + g * kLanes;
+          s.lsum[g] += p;
+          float* pg = s.p.data() + g * kLanes;
+          store(pg, p);
+          // V: a tile of up to 8 vectors of head_dim in registers over the block's lanes.
+          float* acc = s.acc.data() + g * D;
           constexpr int64_t kTile = 8;
           for (int64_t c0 = 0; c0 < C; c0 += kTile) {
             const int64_t t_end = std::min<int64_t>(kTile, C - c0);
             vf t[kTile];
-            for (int64_t c = 0; c < t_end; ++c) t[c] = load(a + (c0 + c) * kLanes);
-            for (int64_t j = 0; j < n; ++j) {
-              const float w = pg[j];
-              const float* v = vr[j] + c0 * kLanes;
+            for (int64_t c = 0; c < t_end; ++c) t[c] = load(acc + (c0 + c) * kLanes);
+            for (int k = 0; k < kLanes; ++k) {
+              const float w = pg[k];
+              const float* v = vr[k] + c0 * kLanes;
               for (int64_t c = 0; c < t_end; ++c) t[c] += w * load(v + c * kLanes);
             }
-            for (int64_t c = 0; c < t_end; ++c) store(a + (c0 + c) * kLanes, t[c]);
+            for (int64_t c = 0; c < t_end; ++c) store(acc + (c0 + c) * kLanes, t[c]);
           }
         }
       }
       q_t* ob = out + (b * H + h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
-        const float sum = hsum(lsum[g]);
+        const float sum = hsum(s.lsum[g]);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         for (int64_t i = 0; i < D; ++i) ob[g * D + i] = static_cast<q_t>(s.acc[g * D + i] * inv);
       }

@@ -91,18 +91,22 @@ inline vf exp_vec(vf x) {
 
 namespace simd_detail {
 
-// fold<S>(x, y): x and y hold kLanes / S segments of S lanes, each segment partial sums of
-// one position. The result holds 2 * kLanes / S segments of S / 2 lanes: x's segments
-// (each folded in half: low half + high half), then y's, in order.
-constexpr int fold_index(int s, int j, bool high) {
-  const int h = s / 2, nseg = kLanes / s, k = j / h, o = j % h;
-  return (k / nseg) * kLanes + (k % nseg) * s + o + (high ? h : 0);
+// fold<S>(x, y): x and y hold kLanes / S segments of S lanes, each the partial sums of one
+// dot product. In the result, segment i of S lanes holds x's segment i folded in half in
+// its low half and y's in its high half: a = (x's low halves, y's high halves) is a
+// blend, b = (x's high halves, y's low halves) one two-source shuffle, a + b the fold.
+constexpr int blend_index(int s, int j) {
+  return (j % s) < s / 2 ? j : kLanes + j;
+}
+constexpr int swap_index(int s, int j) {
+  const int h = s / 2, base = j - j % s, r = j % s;
+  return r < h ? base + h + r : kLanes + base + r - h;
 }
 
 template <int S, int... J>
 inline vf fold(vf x, vf y, std::integer_sequence<int, J...>) {
-  return __builtin_shufflevector(x, y, fold_index(S, J, false)...) +
-         __builtin_shufflevector(x, y, fold_index(S, J, true)...);
+  return __builtin_shufflevector(x, y, blend_index(S, J)...) +
+         __builtin_shufflevector(x, y, swap_index(S, J)...);
 }
 
 template <int S>
@@ -115,9 +119,17 @@ inline void reduce_level(vf* v) {
 
 }  // namespace simd_detail
 
-// v[0, kLanes): lane i of the result is the sum of v[i]'s lanes (a transpose-add: one
-// reduction for kLanes dot products). v is overwritten.
+// v[0, kLanes): lane k of the result is the sum of the lanes of v[transpose_order()[k]]
+// (a transpose-add: one reduction for kLanes dot products, in a bit-reversed lane order).
+// v is overwritten.
 inline vf transpose_sum(vf* v) {
   simd_detail::reduce_level<kLanes>(v);
   return v[0];
+}
+
+// Which input of transpose_sum each lane of its result sums (as float, exact).
+inline vf transpose_order() {
+  vf v[kLanes];
+  for (int j = 0; j < kLanes; ++j) v[j] = splat(static_cast<float>(j));
+  return transpose_sum(v) * (1.f / kLanes);
 }
