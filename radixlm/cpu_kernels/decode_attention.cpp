@@ -28,6 +28,15 @@
 #include "fast_exp.h"
 #include "simd.h"
 
+#if defined(__AVX512BF16__) && !defined(RADIXLM_SIMD_LANES)
+#include <immintrin.h>
+// bf16 queries and keys: scores by vdpbf16ps (two exact products per lane and
+// instruction, summed in float32), 32 elements of head_dim per instruction.
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
 namespace {
 
 template <typename T>
@@ -86,33 +95,40 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
 }
 
 // Whether the block kernel below covers head_dim D (else decode_rows).
-inline bool blocked(int64_t D) { return D > 0 && D % kLanes == 0; }
+inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
 
-// Scratch of one thread (reused across its tasks).
-struct Scratch {
-  std::vector<float> qf, acc, p;     // [G, D] scaled queries, [G, D] sums, [G, kLanes]
-  std::vector<float> kf, vf_rows;    // a block's K, V rows as float [kLanes, D] (not f32)
-  std::vector<float> zero;           // [D] zeros: the rows of a block's missing positions
-  std::vector<float> m;              // [G] running max
-  std::vector<vf> lsum;              // [G] softmax sums by lane
-};
-
-template <typename kv_t>
-inline const float* as_float(const kv_t* x, float* buf, int64_t d) {
-  if constexpr (std::is_same_v<kv_t, float>) {
-    return x;
-  } else {
-    for (int64_t i = 0; i < d; i += kLanes) store(buf + i, load(x + i));
-    return buf;
+#if defined(__AVX512BF16__) && !defined(RADIXLM_SIMD_LANES)
+// part[j] = the lanes of q . k[j] (unscaled), D a multiple of 32, bf16 q and k.
+template <typename T>
+inline void bf16_scores(const T* q, const T* const* k, int64_t D, vf* part) {
+  for (int j = 0; j < kLanes; ++j) {
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 32) {
+      a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q + c), (__m512bh)_mm512_loadu_si512(k[j] + c));
+    }
+    part[j] = a;
   }
 }
+#else
+template <typename T>
+inline void bf16_scores(const T*, const T* const*, int64_t, vf*) {}
+#endif
+
+// Scratch of one thread (reused across its tasks).
+template <typename kv_t>
+struct Scratch {
+  std::vector<float> qf, acc, p;  // [G, D] scaled queries, [G, D] sums, [G, kLanes]
+  std::vector<kv_t> zero;         // [D] zeros: the rows of a block's missing positions
+  std::vector<float> m;           // [G] running max
+  std::vector<vf> lsum;           // [G] softmax sums by lane
+};
 
 // The block kernel: positions in blocks of kLanes. Per block and query head g the scores
 // of the kLanes positions come out in the lanes of one vector (per position a partial
 // vector of q * k over head_dim, kept in registers, then one transpose_sum for the
 // block), the online softmax runs on that vector, and V is accumulated vectorized over
 // head_dim in register tiles over the block's positions. Each K/V row is read (and
-// converted) once for the G query heads of its KV head. A block's lane k is position
+// converted, in registers) for the G query heads of its KV head from L1. A block's lane k is position
 // order[k] of it (transpose_sum's order); positions past the end read a zero row and get
 // probability 0. DC: head_dim known at compile time (64, 128), 0 = D.
 template <typename q_t, typename kv_t, int DC>
@@ -122,19 +138,17 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   const int64_t D = DC ? DC : d_runtime;
   const int64_t C = D / kLanes;  // vectors per row
   const int64_t G = H / KVH;
+  constexpr bool dot_bf16 = kBf16Dot && std::is_same_v<q_t, c10::BFloat16> &&
+                            std::is_same_v<kv_t, c10::BFloat16>;
   const vf order = transpose_order();
   int order_i[kLanes];
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    Scratch s;
+    Scratch<kv_t> s;
     s.qf.resize(G * D);
     s.acc.resize(G * D);
     s.p.resize(G * kLanes);
-    if constexpr (!std::is_same_v<kv_t, float>) {
-      s.kf.resize(kLanes * D);
-      s.vf_rows.resize(kLanes * D);
-    }
-    s.zero.assign(D, 0.f);
+    s.zero.assign(D, static_cast<kv_t>(0.f));
     s.m.resize(G);
     s.lsum.resize(G);
     for (int64_t task = begin; task < end; ++task) {
@@ -147,8 +161,10 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
       const int64_t L = lens[b] - first;
       const int32_t* slots = r2t + rows[b] * r2t_stride + first;
-      to_float(q + (b * H + h * G) * D, s.qf.data(), G * D);
-      for (int64_t i = 0; i < G * D; ++i) s.qf[i] *= scale;
+      // Queries and sums in load2's layout of kv_t (bf16: even, odd elements).
+      const q_t* qb = q + (b * H + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i)
+        s.qf[i] = static_cast<float>(qb[i - i % D + row_index<kv_t>(i % D)]) * scale;
       std::fill(s.acc.begin(), s.acc.end(), 0.f);
       std::fill(s.m.begin(), s.m.end(), -INFINITY);
       std::fill(s.lsum.begin(), s.lsum.end(), vf{});
@@ -162,26 +178,34 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
           prefetch_row(row(kb, l), D);
           prefetch_row(row(vb, l), D);
         }
-        // The block's rows as float: K by position, V by lane (position order[k]).
-        const float* kr[kLanes];
-        const float* vr[kLanes];
-        for (int j = 0; j < kLanes; ++j)
-          kr[j] = j < n ? as_float(row(kb, l0 + j), s.kf.data() + j * D, D) : s.zero.data();
-        for (int k = 0; k < kLanes; ++k) {
-          const int j = order_i[k];
-          vr[k] = j < n ? as_float(row(vb, l0 + j), s.vf_rows.data() + k * D, D) : s.zero.data();
-        }
+        // The block's rows: K by position, V by lane (position order[k]).
+        const kv_t* kr[kLanes];
+        const kv_t* vr[kLanes];
+        for (int j = 0; j < kLanes; ++j) kr[j] = j < n ? row(kb, l0 + j) : s.zero.data();
+        for (int k = 0; k < kLanes; ++k) vr[k] = order_i[k] < n ? row(vb, l0 + order_i[k]) : s.zero.data();
         const vf valid = order < static_cast<float>(n) ? splat(1.f) : vf{};
         for (int64_t g = 0; g < G; ++g) {
-          const float* qg = s.qf.data() + g * D;
           // part[j]: q . k of position j, in kLanes partial sums.
           vf part[kLanes];
-          for (int j = 0; j < kLanes; ++j) {
-            vf a = load(qg) * load(kr[j]);
-            for (int64_t c = 1; c < C; ++c) a += load(qg + c * kLanes) * load(kr[j] + c * kLanes);
-            part[j] = a;
+          vf sc;
+          if constexpr (dot_bf16) {
+            if (D % 32 == 0) {
+              bf16_scores(q + (b * H + h * G + g) * D, kr, D, part);
+              sc = transpose_sum(part) * scale;
+            }
           }
-          vf sc = transpose_sum(part);
+          if (!dot_bf16 || D % 32 != 0) {
+            const float* qg = s.qf.data() + g * D;
+            for (int j = 0; j < kLanes; ++j) {
+              vf a{}, x, y;
+              for (int64_t c = 0; c < C; c += 2) {
+                load2(kr[j] + c * kLanes, x, y);
+                a += load(qg + c * kLanes) * x + load(qg + (c + 1) * kLanes) * y;
+              }
+              part[j] = a;
+            }
+            sc = transpose_sum(part);
+          }
           sc = valid != 0.f ? sc : splat(-INFINITY);
           const float m_new = std::max(s.m[g], hmax(sc));
           const vf p = exp_vec(sc - m_new) * valid;
@@ -205,8 +229,13 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
             for (int64_t c = 0; c < t_end; ++c) t[c] = load(acc + (c0 + c) * kLanes);
             for (int k = 0; k < kLanes; ++k) {
               const float w = pg[k];
-              const float* v = vr[k] + c0 * kLanes;
-              for (int64_t c = 0; c < t_end; ++c) t[c] += w * load(v + c * kLanes);
+              const kv_t* v = vr[k] + c0 * kLanes;
+              for (int64_t c = 0; c < t_end; c += 2) {
+                vf x, y;
+                load2(v + c * kLanes, x, y);
+                t[c] += w * x;
+                t[c + 1] += w * y;
+              }
             }
             for (int64_t c = 0; c < t_end; ++c) store(acc + (c0 + c) * kLanes, t[c]);
           }
@@ -216,7 +245,8 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       for (int64_t g = 0; g < G; ++g) {
         const float sum = hsum(s.lsum[g]);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t i = 0; i < D; ++i) ob[g * D + i] = static_cast<q_t>(s.acc[g * D + i] * inv);
+        for (int64_t i = 0; i < D; ++i)
+          ob[g * D + row_index<kv_t>(i)] = static_cast<q_t>(s.acc[g * D + i] * inv);
       }
     }
   });

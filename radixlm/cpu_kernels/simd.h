@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #if defined(RADIXLM_SIMD_LANES)
@@ -56,17 +57,55 @@ inline vf load(const c10::Half* p) {
 
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
+// Two vectors from 2 * kLanes elements of a row: the elements in order, except for bf16:
+// its even elements, then its odd ones (bit operations on 32-bit lanes, no shuffle).
+// Row layout of type T: where element i of a group of 2 * kLanes ends up, see row_index.
+template <typename T>
+inline void load2(const T* p, vf& a, vf& b) {
+  a = load(p);
+  b = load(p + kLanes);
+}
+
+inline void load2(const c10::BFloat16* p, vf& a, vf& b) {
+  vu u;
+  std::memcpy(&u, p, sizeof u);
+  a = (vf)(u << 16);
+  b = (vf)(u & 0xFFFF0000u);
+}
+
+// The row element that position i of load2's layout holds.
+template <typename T>
+inline int64_t row_index(int64_t i) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const int64_t r = i % (2 * kLanes);
+    return i - r + 2 * (r % kLanes) + r / kLanes;
+  } else {
+    return i;
+  }
+}
+
 inline float hsum(vf v) {
   float s = 0.f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
   return s;
 }
 
-inline float hmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+namespace simd_detail {
+template <int W, int... J>
+inline vf swap_lanes(vf x, std::integer_sequence<int, J...>) {
+  return __builtin_shufflevector(x, x, (J ^ W)...);  // lane j <- lane j xor W
 }
+template <int W>
+inline vf max_tree(vf v) {
+  const vf t = swap_lanes<W>(v, std::make_integer_sequence<int, kLanes>{});
+  v = v > t ? v : t;
+  if constexpr (W > 1) return max_tree<W / 2>(v);
+  return v;
+}
+}  // namespace simd_detail
+
+// The largest lane, by a tree of shuffles (a scalar loop would be a chain of kLanes maxes).
+inline float hmax(vf v) { return simd_detail::max_tree<kLanes / 2>(v)[0]; }
 
 // exp over a vector: fast_exp.h's exp_approx lane by lane (same range reduction and
 // polynomial; n = floor(x log2e + 1/2) by truncating a positive number, so that no
