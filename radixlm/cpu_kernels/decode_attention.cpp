@@ -14,8 +14,11 @@
 //                another task writes)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
-// and V row, which is converted to float32 once (GQA without repeating K/V). Scores,
-// softmax and the weighted sum are float32. Tasks are spread over torch's threads.
+// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
+// softmax and the weighted sum are float32 (bf16 scores: float32 sums of exact products).
+// Head_dims that are a multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8)
+// take the block kernel (kLanes positions per step, scores in the lanes of one vector,
+// online softmax); others the row kernel (one dot product per score, two-pass softmax).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
