@@ -1,6 +1,6 @@
 """The CPU decode attention kernel (cpu_kernels/decode_attention.cpp) against a
 plain per-request reference, and the torch backend's use of it. The kernel has a block
-path (head_dim a multiple of the vector width: 16 lanes with AVX-512, 8 without) and a
+path (head_dim a multiple of twice the vector width: 32 with AVX-512, 16 without) and a
 row path (other head_dims); the shapes below cover both, GQA groups of 1, 3 and 4, and
 lengths around the block size."""
 
@@ -67,8 +67,7 @@ def test_kernel_matches_reference(dtype, tol, heads, kvh, d):
 def test_kernel_block_edges_match_reference(dtype, tol, heads, kvh, d):
     """Lengths 1, 7, 8, 15, 16, 17, 33 and 160 (blocks of 8 or 16 positions and their
     remainders), slots scattered over the pool; head_dims 64/128 (the block path, also
-    compiled for a fixed head_dim) and 36/24 (the row path with 16 lanes; 24 takes the
-    block path with 8)."""
+    compiled for a fixed head_dim) and 36/24 (the row path on AVX-512 and AVX2 alike)."""
     q, k_buf, v_buf, r2t, rows, lens = _case(8, heads, kvh, d, dtype, 160, seed=heads + d)
     lens = torch.tensor([1, 7, 8, 15, 16, 17, 33, 160])
     out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
