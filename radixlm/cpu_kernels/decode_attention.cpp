@@ -15,10 +15,10 @@
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
-// softmax and the weighted sum are float32 (bf16 scores: float32 sums of exact products).
-// Head_dims that are a multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8)
-// take the block kernel (kLanes positions per step, scores in the lanes of one vector,
-// online softmax); others the row kernel (one dot product per score, two-pass softmax).
+// softmax and the weighted sum are float32. float32 KV with a head_dim that is a
+// multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) takes the block kernel
+// (kLanes positions per step, scores in the lanes of one vector, online softmax); 16-bit KV and other head_dims the row kernel (one dot product per
+// score, two-pass softmax).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -31,14 +31,6 @@
 #include "fast_exp.h"
 #include "simd.h"
 
-#if defined(__AVX512BF16__) && !defined(RADIXLM_SIMD_LANES)
-#include <immintrin.h>
-// bf16 queries and keys: scores by vdpbf16ps (two exact products per lane and
-// instruction, summed in float32), 32 elements of head_dim per instruction.
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
 
 namespace {
 
@@ -100,22 +92,6 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
 // Whether the block kernel below covers head_dim D (else decode_rows).
 inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
 
-#if defined(__AVX512BF16__) && !defined(RADIXLM_SIMD_LANES)
-// part[j] = the lanes of q . k[j] (unscaled), D a multiple of 32, bf16 q and k.
-template <typename T>
-inline void bf16_scores(const T* q, const T* const* k, int64_t D, vf* part) {
-  for (int j = 0; j < kLanes; ++j) {
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 32) {
-      a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q + c), (__m512bh)_mm512_loadu_si512(k[j] + c));
-    }
-    part[j] = a;
-  }
-}
-#else
-template <typename T>
-inline void bf16_scores(const T*, const T* const*, int64_t, vf*) {}
-#endif
 
 // Scratch of one thread (reused across its tasks).
 template <typename kv_t>
@@ -141,8 +117,6 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   const int64_t D = DC ? DC : d_runtime;
   const int64_t C = D / kLanes;  // vectors per row
   const int64_t G = H / KVH;
-  constexpr bool dot_bf16 = kBf16Dot && std::is_same_v<q_t, c10::BFloat16> &&
-                            std::is_same_v<kv_t, c10::BFloat16>;
   const vf order = transpose_order();
   int order_i[kLanes];
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
@@ -190,25 +164,16 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
         for (int64_t g = 0; g < G; ++g) {
           // part[j]: q . k of position j, in kLanes partial sums.
           vf part[kLanes];
-          vf sc;
-          if constexpr (dot_bf16) {
-            if (D % 32 == 0) {
-              bf16_scores(q + (b * H + h * G + g) * D, kr, D, part);
-              sc = transpose_sum(part) * scale;
+          const float* qg = s.qf.data() + g * D;
+          for (int j = 0; j < kLanes; ++j) {
+            vf a{}, x, y;
+            for (int64_t c = 0; c < C; c += 2) {
+              load2(kr[j] + c * kLanes, x, y);
+              a += load(qg + c * kLanes) * x + load(qg + (c + 1) * kLanes) * y;
             }
+            part[j] = a;
           }
-          if (!dot_bf16 || D % 32 != 0) {
-            const float* qg = s.qf.data() + g * D;
-            for (int j = 0; j < kLanes; ++j) {
-              vf a{}, x, y;
-              for (int64_t c = 0; c < C; c += 2) {
-                load2(kr[j] + c * kLanes, x, y);
-                a += load(qg + c * kLanes) * x + load(qg + (c + 1) * kLanes) * y;
-              }
-              part[j] = a;
-            }
-            sc = transpose_sum(part);
-          }
+          vf sc = transpose_sum(part);
           sc = valid != 0.f ? sc : splat(-INFINITY);
           const float m_new = std::max(s.m[g], hmax(sc));
           const vf p = exp_vec(sc - m_new) * valid;
@@ -255,12 +220,13 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   });
 }
 
-// The fallback for head_dims the block kernel does not cover (not a multiple of kLanes):
-// a row at a time, each score one dot product; scores kept for a two-pass softmax.
-template <typename q_t, typename kv_t>
+// The row kernel (16-bit KV, and head_dims the block kernel does not cover): a row at a
+// time, each score one dot product; scores kept for a two-pass softmax. DC as above.
+template <typename q_t, typename kv_t, int DC>
 void decode_rows(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
                  const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
-                 int64_t KVH, int64_t D, float scale, int64_t window, KvWrite<q_t> kv) {
+                 int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
+  const int64_t D = DC ? DC : d_runtime;
   const int64_t G = H / KVH;
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), row(D), p;
@@ -314,17 +280,24 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
   const auto run = [&](auto* kv_tag) {
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
     const auto go = [&](auto dc) {
-      decode_blocks<q_t, kv_t, decltype(dc)::value>(
+      constexpr int DC = decltype(dc)::value;
+      // 16-bit KV stays on the row kernel: the block kernel was 1.5x faster on one
+      // layer's KV in cache but 0.91x on 30 layers' (KV from memory, as in a real step).
+      if constexpr (std::is_same_v<kv_t, float>) {
+        if (blocked(D)) {
+          decode_blocks<q_t, kv_t, DC>(
+              q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+              r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+              lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
+          return;
+        }
+      }
+      decode_rows<q_t, kv_t, DC>(
           q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
           r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
           lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
     };
-    if (!blocked(D)) {
-      decode_rows<q_t, kv_t>(q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
-                             r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
-                             lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale,
-                             window, kv);
-    } else if (D == 64) go(std::integral_constant<int, 64>{});
+    if (D == 64) go(std::integral_constant<int, 64>{});
     else if (D == 128) go(std::integral_constant<int, 128>{});
     else go(std::integral_constant<int, 0>{});
   };
