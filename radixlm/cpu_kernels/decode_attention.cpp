@@ -14,8 +14,11 @@
 //                another task writes)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
-// and V row, which is converted to float32 once (GQA without repeating K/V). Scores,
-// softmax and the weighted sum are float32. Tasks are spread over torch's threads.
+// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
+// softmax and the weighted sum are float32. float32 KV with a head_dim that is a
+// multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) takes the block kernel
+// (kLanes positions per step, scores in the lanes of one vector, online softmax); 16-bit KV and other head_dims the row kernel (one dot product per
+// score, two-pass softmax).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -26,6 +29,8 @@
 #include <vector>
 
 #include "fast_exp.h"
+#include "simd.h"
+
 
 namespace {
 
@@ -84,12 +89,143 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
   for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
 }
 
-// DC: head_dim known at compile time (64, 128: the inner loops then have constant trip
-// counts and unroll into whole vectors), 0 = D at run time.
+// Whether the block kernel below covers head_dim D (else decode_rows).
+inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
+
+
+// Scratch of one thread (reused across its tasks).
+template <typename kv_t>
+struct Scratch {
+  std::vector<float> qf, acc, p;  // [G, D] scaled queries, [G, D] sums, [G, kLanes]
+  std::vector<kv_t> zero;         // [D] zeros: the rows of a block's missing positions
+  std::vector<float> m;           // [G] running max
+  std::vector<vf> lsum;           // [G] softmax sums by lane
+};
+
+// The block kernel: positions in blocks of kLanes. Per block and query head g the scores
+// of the kLanes positions come out in the lanes of one vector (per position a partial
+// vector of q * k over head_dim, kept in registers, then one transpose_sum for the
+// block), the online softmax runs on that vector, and V is accumulated vectorized over
+// head_dim in register tiles over the block's positions. Each K/V row is read (and
+// converted, in registers) for the G query heads of its KV head from L1. A block's lane k is position
+// order[k] of it (transpose_sum's order); positions past the end read a zero row and get
+// probability 0. DC: head_dim known at compile time (64, 128), 0 = D.
 template <typename q_t, typename kv_t, int DC>
-void decode(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
-            const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
-            int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
+void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+                   const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
+                   int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
+  const int64_t D = DC ? DC : d_runtime;
+  const int64_t C = D / kLanes;  // vectors per row
+  const int64_t G = H / KVH;
+  const vf order = transpose_order();
+  int order_i[kLanes];
+  for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    Scratch<kv_t> s;
+    s.qf.resize(G * D);
+    s.acc.resize(G * D);
+    s.p.resize(G * kLanes);
+    s.zero.assign(D, static_cast<kv_t>(0.f));
+    s.m.resize(G);
+    s.lsum.resize(G);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, h = task % KVH;
+      if (kv.k != nullptr) {
+        const int64_t slot = kv.loc[b];
+        write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+        write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+      }
+      const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+      const int64_t L = lens[b] - first;
+      const int32_t* slots = r2t + rows[b] * r2t_stride + first;
+      // Queries and sums in load2's layout of kv_t (bf16: even, odd elements).
+      const q_t* qb = q + (b * H + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i)
+        s.qf[i] = static_cast<float>(qb[i - i % D + row_index<kv_t>(i % D)]) * scale;
+      std::fill(s.acc.begin(), s.acc.end(), 0.f);
+      std::fill(s.m.begin(), s.m.end(), -INFINITY);
+      std::fill(s.lsum.begin(), s.lsum.end(), vf{});
+      const auto row = [&](kv_t* buf, int64_t l) {
+        return buf + (static_cast<int64_t>(slots[l]) * KVH + h) * D;
+      };
+      for (int64_t l0 = 0; l0 < L; l0 += kLanes) {
+        const int64_t n = std::min<int64_t>(kLanes, L - l0);
+        // The next block's rows are gathered through req_to_token (no hardware prefetch).
+        for (int64_t l = l0 + kLanes; l < std::min<int64_t>(L, l0 + 2 * kLanes); ++l) {
+          prefetch_row(row(kb, l), D);
+          prefetch_row(row(vb, l), D);
+        }
+        // The block's rows: K by position, V by lane (position order[k]).
+        const kv_t* kr[kLanes];
+        const kv_t* vr[kLanes];
+        for (int j = 0; j < kLanes; ++j) kr[j] = j < n ? row(kb, l0 + j) : s.zero.data();
+        for (int k = 0; k < kLanes; ++k) vr[k] = order_i[k] < n ? row(vb, l0 + order_i[k]) : s.zero.data();
+        const vf valid = order < static_cast<float>(n) ? splat(1.f) : vf{};
+        for (int64_t g = 0; g < G; ++g) {
+          // part[j]: q . k of position j, in kLanes partial sums.
+          vf part[kLanes];
+          const float* qg = s.qf.data() + g * D;
+          for (int j = 0; j < kLanes; ++j) {
+            vf a{}, x, y;
+            for (int64_t c = 0; c < C; c += 2) {
+              load2(kr[j] + c * kLanes, x, y);
+              a += load(qg + c * kLanes) * x + load(qg + (c + 1) * kLanes) * y;
+            }
+            part[j] = a;
+          }
+          vf sc = transpose_sum(part);
+          sc = valid != 0.f ? sc : splat(-INFINITY);
+          const float m_new = std::max(s.m[g], hmax(sc));
+          const vf p = exp_vec(sc - m_new) * valid;
+          if (m_new != s.m[g]) {
+            // The running max rose: rescale what was accumulated under the old one.
+            const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
+            s.lsum[g] *= corr;
+            float* a = s.acc.data() + g * D;
+            for (int64_t c = 0; c < C; ++c) store(a + c * kLanes, load(a + c * kLanes) * corr);
+            s.m[g] = m_new;
+          }
+          s.lsum[g] += p;
+          float* pg = s.p.data() + g * kLanes;
+          store(pg, p);
+          // V: a tile of up to 8 vectors of head_dim in registers over the block's lanes.
+          float* acc = s.acc.data() + g * D;
+          constexpr int64_t kTile = 8;
+          for (int64_t c0 = 0; c0 < C; c0 += kTile) {
+            const int64_t t_end = std::min<int64_t>(kTile, C - c0);
+            vf t[kTile];
+            for (int64_t c = 0; c < t_end; ++c) t[c] = load(acc + (c0 + c) * kLanes);
+            for (int k = 0; k < kLanes; ++k) {
+              const float w = pg[k];
+              const kv_t* v = vr[k] + c0 * kLanes;
+              for (int64_t c = 0; c < t_end; c += 2) {
+                vf x, y;
+                load2(v + c * kLanes, x, y);
+                t[c] += w * x;
+                t[c + 1] += w * y;
+              }
+            }
+            for (int64_t c = 0; c < t_end; ++c) store(acc + (c0 + c) * kLanes, t[c]);
+          }
+        }
+      }
+      q_t* ob = out + (b * H + h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float sum = hsum(s.lsum[g]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t i = 0; i < D; ++i)
+          ob[g * D + row_index<kv_t>(i)] = static_cast<q_t>(s.acc[g * D + i] * inv);
+      }
+    }
+  });
+}
+
+// The row kernel (16-bit KV, and head_dims the block kernel does not cover): a row at a
+// time, each score one dot product; scores kept for a two-pass softmax. DC as above.
+template <typename q_t, typename kv_t, int DC>
+void decode_rows(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+                 const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
+                 int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
   const int64_t D = DC ? DC : d_runtime;
   const int64_t G = H / KVH;
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
@@ -101,15 +237,11 @@ void decode(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_st
         write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
         write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
       }
-      // Positions [first, L) are visible: all of them, or the last `window`.
       const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
       const int64_t L = lens[b] - first;
       const int32_t* slots = r2t + rows[b] * r2t_stride + first;
-      // Query heads h*G .. h*G+G-1 of request b, pre-scaled.
-      const q_t* qb = q + (b * H + h * G) * D;
-      to_float(qb, qf.data(), G * D);
+      to_float(q + (b * H + h * G) * D, qf.data(), G * D);
       for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
-      // p[g * L + l]: score, then probability, of query head g for position l.
       p.resize(static_cast<size_t>(G * L));
       for (int64_t l = 0; l < L; ++l) {
         if (l + kAhead < L) prefetch_row(kb + (static_cast<int64_t>(slots[l + kAhead]) * KVH + h) * D, D);
@@ -148,7 +280,19 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
   const auto run = [&](auto* kv_tag) {
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
     const auto go = [&](auto dc) {
-      decode<q_t, kv_t, decltype(dc)::value>(
+      constexpr int DC = decltype(dc)::value;
+      // 16-bit KV stays on the row kernel: the block kernel was 1.5x faster on one
+      // layer's KV in cache but 0.91x on 30 layers' (KV from memory, as in a real step).
+      if constexpr (std::is_same_v<kv_t, float>) {
+        if (blocked(D)) {
+          decode_blocks<q_t, kv_t, DC>(
+              q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+              r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+              lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
+          return;
+        }
+      }
+      decode_rows<q_t, kv_t, DC>(
           q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
           r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
           lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);

@@ -1,5 +1,8 @@
 """The CPU decode attention kernel (cpu_kernels/decode_attention.cpp) against a
-plain per-request reference, and the torch backend's use of it."""
+plain per-request reference, and the torch backend's use of it. The kernel has a block
+path (head_dim a multiple of twice the vector width: 32 with AVX-512, 16 without) and a
+row path (other head_dims); the shapes below cover both, GQA groups of 1, 3 and 4, and
+lengths around the block size."""
 
 from __future__ import annotations
 
@@ -56,6 +59,38 @@ def test_kernel_matches_reference(dtype, tol, heads, kvh, d):
     assert out.dtype == dtype and out.shape == q.shape
     ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,kvh,d", [(6, 6, 64), (9, 3, 64), (8, 2, 128), (3, 1, 128),
+                                         (4, 1, 36), (6, 2, 24)])
+def test_kernel_block_edges_match_reference(dtype, tol, heads, kvh, d):
+    """Lengths 1, 7, 8, 15, 16, 17, 33 and 160 (blocks of 8 or 16 positions and their
+    remainders), slots scattered over the pool; head_dims 64/128 (the block path, also
+    compiled for a fixed head_dim) and 36/24 (the row path on AVX-512 and AVX2 alike)."""
+    q, k_buf, v_buf, r2t, rows, lens = _case(8, heads, kvh, d, dtype, 160, seed=heads + d)
+    lens = torch.tensor([1, 7, 8, 15, 16, 17, 33, 160])
+    out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rising", [True, False])
+def test_kernel_online_softmax_rescales(rising):
+    """Scores that rise (or fall) steeply along the positions: every block of the block
+    path sees a new running max (or none), so the rescaling of what it summed so far
+    is exercised (a wrong factor shows as a wrong weight of the early positions)."""
+    d, n = 64, 100
+    q, k_buf, v_buf, r2t, rows, lens = _case(2, 4, 2, d, torch.float32, n, seed=11)
+    lens = torch.tensor([n, n - 3])
+    ramp = torch.linspace(-1, 1, n) if rising else torch.linspace(1, -1, n)
+    for i in range(2):
+        slots = r2t[rows[i], :n].long()
+        # k = ramp * q-direction of KV head 0 and 1 (heads 0 and 2 of the request).
+        k_buf[slots] = ramp.view(n, 1, 1) * q[i, ::2].view(1, 2, d) * 0.6
+    out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [1, 7, 1000])
