@@ -89,6 +89,24 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
   for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
 }
 
+// A task's start, shared by both kernels: the step's K/V row of (b, h) written into the
+// pool (the fused write), and the visible positions [first, lens[b]) (all, or the last
+// `window`): returns their slots, *L their count.
+template <typename q_t, typename kv_t>
+inline const int32_t* begin_task(int64_t b, int64_t h, int64_t KVH, int64_t D, kv_t* kb,
+                                 kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
+                                 const int64_t* rows, const int64_t* lens, int64_t window,
+                                 const KvWrite<q_t>& kv, int64_t* L) {
+  if (kv.k != nullptr) {
+    const int64_t slot = kv.loc[b];
+    write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+    write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+  }
+  const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+  *L = lens[b] - first;
+  return r2t + rows[b] * r2t_stride + first;
+}
+
 // Whether the block kernel below covers head_dim D (else decode_rows).
 inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
 
@@ -130,14 +148,9 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
     s.lsum.resize(G);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
-      if (kv.k != nullptr) {
-        const int64_t slot = kv.loc[b];
-        write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
-        write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
-      }
-      const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
-      const int64_t L = lens[b] - first;
-      const int32_t* slots = r2t + rows[b] * r2t_stride + first;
+      int64_t L;
+      const int32_t* slots = begin_task(b, h, KVH, D, kb, vb, r2t, r2t_stride, rows, lens,
+                                        window, kv, &L);
       // Queries and sums in load2's layout of kv_t (bf16: even, odd elements).
       const q_t* qb = q + (b * H + h * G) * D;
       for (int64_t i = 0; i < G * D; ++i)
@@ -232,14 +245,9 @@ void decode_rows(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r
     std::vector<float> qf(G * D), acc(G * D), row(D), p;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
-      if (kv.k != nullptr) {
-        const int64_t slot = kv.loc[b];
-        write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
-        write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
-      }
-      const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
-      const int64_t L = lens[b] - first;
-      const int32_t* slots = r2t + rows[b] * r2t_stride + first;
+      int64_t L;
+      const int32_t* slots = begin_task(b, h, KVH, D, kb, vb, r2t, r2t_stride, rows, lens,
+                                        window, kv, &L);
       to_float(q + (b * H + h * G) * D, qf.data(), G * D);
       for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
       p.resize(static_cast<size_t>(G * L));

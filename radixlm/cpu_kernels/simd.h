@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "fast_exp.h"
+
 #if defined(RADIXLM_SIMD_LANES)
 constexpr int kLanes = RADIXLM_SIMD_LANES;
 #elif defined(__AVX512F__)
@@ -116,14 +118,7 @@ inline vf exp_vec(vf x) {
   const vi n = __builtin_convertvector(x * 1.44269504f + 128.5f, vi) - 128;
   const vf nf = __builtin_convertvector(n, vf);
   const vf r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
-  vf p = splat(1.f / 5040);
-  p = p * r + 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
+  const vf p = exp_taylor(r);
   const vi bits = (n + 127) << 23;  // 2^n, n in [-126, 127]
   return p * reinterpret_cast<const vf&>(bits);
 }
