@@ -30,7 +30,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m radixlm.cpu_kernels.build
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=25 tests
 
 clean:
 	rm -rf $(VENV)
