@@ -11,7 +11,8 @@ the target's law from the verify's logits. Tokens pass the stop checks one by on
 kv_len rolls back to seq_len - 1 (rejected slots free at once). `forget_gone` drops the
 state (and draft KV) of requests that left the running set. Adaptive per request
 (adaptive.py: an acceptance-rate EMA switches drafting off with probes, k shrinks on misses
-and grows on full acceptance); drafts are cut to the model's cheap row count (verify_rows.py). More: docs/speculative.md.
+and grows on full acceptance); drafts are cut to the model's cheap row count
+(verify_rows.py). More: docs/speculative.md.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 Scheduler = Any
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SpecConfig:
