@@ -176,8 +176,9 @@ class ServerArgs:
     speculative_ngram_min: int = _opt(2, "NGRAM: shortest suffix (tokens) looked up.")
     speculative_ngram_max: int = _opt(5, "NGRAM: longest suffix (tokens) looked up first.")
     speculative_disable_by_batch_size: int = _opt(
-        4, "Speculate only while at most this many requests decode (above it verifying "
-        "drafts costs more than the tokens it saves; measured in docs/benchmarks.md).")
+        3, "Speculate only while at most this many requests decode (above it verifying "
+        "drafts costs more than the tokens it saves: on a bf16 CPU a 4-request verify leaves "
+        "the int4 kernels' 4 rows; measured in docs/benchmarks.md).")
     enable_hierarchical_cache: bool = _opt(
         False, "Hierarchical KV cache (SGLang's HiCache): device pages the radix cache "
         "evicts are demoted to a storage tier of files instead of dropped, matches continue "

@@ -119,7 +119,7 @@ def _spec(ns: argparse.Namespace) -> None:
                           max_tokens=ns.max_tokens, random_prompts=ns.random_prompts,
                           streams=tuple(ns.streams), stream_max_tokens=ns.stream_max_tokens,
                           engine_args=dict(ns.engine_arg), output_file=ns.output_file,
-                          seed=ns.seed)
+                          seed=ns.seed, starts=ns.starts)
     print(spec_table(run_spec_bench(cfg)))
 def _hicache(ns: argparse.Namespace) -> None:
     from radixlm.bench.hicache import HiCacheBenchConfig, hicache_table, run_hicache_bench
@@ -461,6 +461,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--streams", type=int, nargs="*", default=[8, 32])
     sp.add_argument("--stream-max-tokens", type=int, default=64)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--starts", type=int, default=1,
+                    help="Fresh server starts per configuration, interleaved (off, on, ..., "
+                    "then in reverse); the table reports the median tok/s and its spread.")
     sp.set_defaults(func=_spec)
 
     ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "

@@ -8,6 +8,10 @@ replayed: SUFFIX's case), random prompts (single stream, greedy); then random pr
 each --streams concurrency. Reported: output tok/s per workload and configuration, the
 ratio to off, and the acceptance (drafted, accepted, mean acceptance length) read from
 /get_server_info after each workload. Timings on a shared machine are labelled by the load.
+With --starts N every configuration is started N times, the configurations interleaved
+(off, on, ..., then the next start in reverse order), and the table gives the median tok/s
+over starts, its spread (min-max) and the ratio of the medians: start-to-start noise (~15%
+on the CPU) would otherwise decide a 0.97x floor.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +93,7 @@ class SpecBenchConfig:
     output_file: str | None = None
     startup_timeout_s: float = 900.0
     seed: int = 0
+    starts: int = 1  # fresh server starts per configuration (interleaved); medians reported
 
 
 def _random_prompt(rng: random.Random) -> str:
@@ -164,27 +170,44 @@ def _workloads(cfg: SpecBenchConfig):
             b, many, s, cfg.stream_max_tokens))
 
 
+def start_order(configs: list[str | None], starts: int) -> list[tuple[int, str | None]]:
+    """(start, config) in run order: the configurations forward, then backward, ... so that
+    a load trend over the run favours none of them."""
+    out = []
+    for i in range(starts):
+        out += [(i, c) for c in (configs if i % 2 == 0 else configs[::-1])]
+    return out
+
+
+def _one_start(cfg: SpecBenchConfig, alg: str | None, start: int, log) -> list[dict[str, Any]]:
+    args = dict(cfg.engine_args)
+    if alg:
+        args["speculative_algorithm"] = alg
+    spec = radixlm_spec(alg or "off", cfg.model, args)
+    log(f"starting {' '.join(spec.cmd)} (start {start + 1}/{cfg.starts})")
+    runs = []
+    with LaunchedServer(spec, cfg.startup_timeout_s):
+        base = spec.base_url
+        asyncio.run(_sequential(base, [[{"role": "user", "content": "Hello"}]], 8))  # warm
+        for name, work in _workloads(cfg):
+            before = _spec_stats(base)
+            load = os.getloadavg()[0]
+            toks, dt = asyncio.run(work(base))
+            run = {"config": alg or "off", "workload": name, "start": start, "tokens": toks,
+                   "seconds": round(dt, 2), "tok_s": round(toks / dt, 2),
+                   "loadavg": round(load, 2), "spec": _delta(_spec_stats(base), before)}
+            runs.append(run)
+            log(f"{run['config']:>6} {name:<18} {run['tok_s']:7.1f} tok/s "
+                f"({toks} tok, {dt:.1f} s, load {load:.1f}) {run['spec']}")
+    return runs
+
+
 def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict[str, Any]:
+    if cfg.starts < 1:
+        raise ValueError(f"--starts must be >= 1, got {cfg.starts}")
     runs: list[dict[str, Any]] = []
-    for alg in (None, *cfg.algorithms):
-        args = dict(cfg.engine_args)
-        if alg:
-            args["speculative_algorithm"] = alg
-        spec = radixlm_spec(alg or "off", cfg.model, args)
-        log(f"starting {' '.join(spec.cmd)}")
-        with LaunchedServer(spec, cfg.startup_timeout_s):
-            base = spec.base_url
-            asyncio.run(_sequential(base, [[{"role": "user", "content": "Hello"}]], 8))  # warm
-            for name, work in _workloads(cfg):
-                before = _spec_stats(base)
-                load = os.getloadavg()[0]
-                toks, dt = asyncio.run(work(base))
-                run = {"config": alg or "off", "workload": name, "tokens": toks,
-                       "seconds": round(dt, 2), "tok_s": round(toks / dt, 2),
-                       "loadavg": round(load, 2), "spec": _delta(_spec_stats(base), before)}
-                runs.append(run)
-                log(f"{run['config']:>6} {name:<18} {run['tok_s']:7.1f} tok/s "
-                    f"({toks} tok, {dt:.1f} s, load {load:.1f}) {run['spec']}")
+    for start, alg in start_order([None, *cfg.algorithms], cfg.starts):
+        runs += _one_start(cfg, alg, start, log)
     record = {"bench": "spec", "date": utc_now(), "machine": machine_info(),
               "config": {k: v for k, v in cfg.__dict__.items() if k != "output_file"},
               "runs": runs}
@@ -193,16 +216,32 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict[str, Any]:
     return record
 
 
+def _summed(spec: list[dict | None]) -> dict:
+    tot = {k: sum((s or {}).get(k, 0) for s in spec)
+           for k in ("verify_steps", "verifies", "drafted", "accepted")}
+    tot["mean_acceptance_length"] = (round(1 + tot["accepted"] / tot["verifies"], 2)
+                                     if tot["verifies"] else None)
+    return tot
+
+
 def spec_table(record: dict[str, Any]) -> str:
-    runs = record["runs"]
-    off = {r["workload"]: r["tok_s"] for r in runs if r["config"] == "off"}
+    """One row per (workload, config): the median tok/s over its starts, the spread
+    (min-max, when there were several), the ratio of medians to off, and the acceptance
+    summed over starts."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in record["runs"]:
+        groups.setdefault((r["workload"], r["config"]), []).append(r)
+    med = {key: statistics.median(r["tok_s"] for r in rs) for key, rs in groups.items()}
     rows = []
-    for r in runs:
-        sp = r["spec"] or {}
-        rows.append([r["workload"], r["config"], r["tok_s"],
-                     round(r["tok_s"] / off[r["workload"]], 3) if off.get(r["workload"]) else "",
-                     sp.get("mean_acceptance_length") or "", sp.get("accepted", ""),
-                     sp.get("drafted", ""), r["loadavg"]])
+    for (work, conf), rs in groups.items():
+        sp = _summed([r["spec"] for r in rs])
+        off = med.get((work, "off"))
+        rates = [r["tok_s"] for r in rs]
+        spread = f"{min(rates):.1f}-{max(rates):.1f}" if len(rs) > 1 else ""
+        rows.append([work, conf, len(rs), round(med[(work, conf)], 2), spread,
+                     round(med[(work, conf)] / off, 3) if off else "",
+                     sp["mean_acceptance_length"] or "", sp["accepted"] or "",
+                     sp["drafted"] or "", round(statistics.median(r["loadavg"] for r in rs), 2)])
     rows.sort(key=lambda row: (row[0], row[1] != "off", row[1]))
-    return format_table(["workload", "config", "tok/s", "x off", "accept len", "accepted",
-                         "drafted", "load"], rows)
+    return format_table(["workload", "config", "starts", "tok/s (median)", "spread",
+                         "x off", "accept len", "accepted", "drafted", "load"], rows)

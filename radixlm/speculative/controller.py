@@ -9,9 +9,10 @@ Point-mass drafts: accepted = longest prefix with d_{j+1} == t_j (the target's a
 own draw: exact), then t_m. Drafts with a law q: rejection.py's min(1, p/q) rule against
 the target's law from the verify's logits. Tokens pass the stop checks one by one; then
 kv_len rolls back to seq_len - 1 (rejected slots free at once). `forget_gone` drops the
-state (and draft KV) of requests that left the running set. Adaptive: drafts that miss
-twice in a row pause drafting for 2, 4, ... 64 steps; drafts are cut to the model's cheap
-row count (verify_rows.py). More: docs/speculative.md.
+state (and draft KV) of requests that left the running set. Adaptive per request
+(adaptive.py: an acceptance-rate EMA switches drafting off with probes, k shrinks on misses
+and grows on full acceptance); drafts are cut to the model's cheap row count
+(verify_rows.py). More: docs/speculative.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from radixlm.scheduler.request_oom import fail_oom_requests
 from radixlm.scheduler.schedule_batch import OutOfKVSlots
 from radixlm.executor.sampler import Sampler, SamplingBatchInfo
 from radixlm.messages import TokenLogprob
+from radixlm.speculative.adaptive import AdaptiveDraft
 from radixlm.speculative.drafter import Draft, Drafter
 from radixlm.speculative.factory import make_drafter
 from radixlm.speculative.grammar_drafts import GrammarDrafts
@@ -48,8 +50,6 @@ Scheduler = Any
 
 logger = logging.getLogger(__name__)
 
-MAX_BACKOFF = 64
-
 
 @dataclass(frozen=True)
 class SpecConfig:
@@ -58,7 +58,7 @@ class SpecConfig:
     num_draft_tokens: int = 4
     ngram_min: int = 2
     ngram_max: int = 5
-    max_batch_size: int = 4
+    max_batch_size: int = 3
     draft_model_path: str | None = None
 
     @classmethod
@@ -96,13 +96,6 @@ class SpecConfig:
                                    cheap_verify_rows(getattr(runner, "model", None)))
 
 
-@dataclass
-class _ReqState:
-    misses: int = 0  # verifications in a row that accepted nothing
-    backoff: int = 1
-    skip_until: int = 0  # this controller's step count before which it does not draft
-
-
 class SpeculativeDecoding:
     def __init__(self, drafter: Drafter, num_draft_tokens: int, max_batch_size: int,
                  row_cap: int | None = None) -> None:
@@ -117,7 +110,8 @@ class SpeculativeDecoding:
             logger.info("speculative: verify steps keep to %d rows (the quantized linear "
                         "kernels' limit): at most %d drafts at batch 1", row_cap, row_cap - 1)
         self.stats = SpecStats(drafter.name, num_draft_tokens)
-        self._state: dict[str, _ReqState] = {}
+        self._state: dict[str, AdaptiveDraft] = {}
+        self.adaptive = True  # False: every request drafts up to k each step (A/B scripts)
         self._steps = 0
 
     @staticmethod
@@ -130,12 +124,18 @@ class SpeculativeDecoding:
     def _budgets(self, reqs: list["Req"], context_len: int) -> list[int]:
         out = []
         for r in reqs:
-            st = self._state.setdefault(r.rid, _ReqState())
+            st = self._adaptive(r.rid)
             room = min(r.remaining_new_tokens, context_len - r.seq_len) - 1
             if room <= 0:  # its last token: a draft model's KV for it can go now
                 self.drafter.forget(r.rid)
-            out.append(0 if st.skip_until > self._steps else max(0, min(self.k, room)))
+            out.append(max(0, min(st.budget(self._steps) if self.adaptive else self.k, room)))
         return cap_draft_budgets(out, self.row_cap)
+
+    def _adaptive(self, rid: str) -> AdaptiveDraft:
+        st = self._state.get(rid)
+        if st is None:
+            st = self._state[rid] = AdaptiveDraft(self.k)
+        return st
 
     def _propose(self, reqs: list["Req"], context_len: int) -> list[Draft]:
         budgets = self._budgets(reqs, context_len)
@@ -152,15 +152,18 @@ class SpeculativeDecoding:
         if (not reqs or len(reqs) > self.max_batch_size
                 or not all(self.can_ride(r) for r in reqs)):
             return False
-        costly = self.drafter.costly  # a draft model: propose once
-        if not costly and not any(d.tokens for d in self._propose(reqs, sched.context_len)):
-            return False  # known state (overlap: lagged)
+        drafts = None
+        if not self.drafter.costly:  # a draft model (costly) proposes once, below
+            drafts = self._propose(reqs, sched.context_len)
+            if not any(d.tokens for d in drafts):
+                return False  # known state (overlap: lagged)
         if sched.inflight is not None:
             sched.finish_inflight()  # exact tokens: this step is serial
-            reqs = list(sched.running)
+            reqs, drafts = list(sched.running), None
             if not reqs:
                 return True
-        drafts = self._propose(reqs, sched.context_len)
+        if drafts is None:  # serial loop: the first proposal was already exact
+            drafts = self._propose(reqs, sched.context_len)
         grammar = None
         if any(r.grammar is not None for r in reqs) and any(d.tokens for d in drafts):
             grammar = GrammarDrafts(sched.constrained.queue.backend, reqs, drafts)
@@ -242,15 +245,8 @@ class SpeculativeDecoding:
         m = len(emitted) - 1
         if drafted:
             self.stats.record(drafted, m)
-            st = self._state.setdefault(req.rid, _ReqState())
-            if m == 0:
-                st.misses += 1
-                if st.misses >= 2:
-                    st.skip_until = self._steps + st.backoff
-                    st.backoff = min(2 * st.backoff, MAX_BACKOFF)
-                    st.misses = 0
-            else:
-                st.misses, st.backoff = 0, 1
+            if self.adaptive:
+                self._adaptive(req.rid).record(self._steps, drafted, m)
         op = sched.output_processor
         for tok, lp in zip(emitted, lps):
             req.output_ids.append(tok)

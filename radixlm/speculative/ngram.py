@@ -4,7 +4,11 @@ The draft is what followed the most recent earlier occurrence of the request's l
 suffix of n tokens (ngram_max down to ngram_min). Per request an index maps every n-gram
 ending at position e < len(tokens) to its latest e; it grows by the tokens appended since
 the last call (O(new tokens x n's) per step, the prompt once at the first call), so a
-lookup never scans the sequence.
+lookup never scans the sequence. A match is followed: when the tokens appended since the
+last draft equal what followed its source, the next draft continues from there without a
+new lookup (the match then spans everything copied since it began, longer than any n-gram,
+so a locally ambiguous n-gram does not jump to another copy). Invariant: a draft is
+always tokens[e:e + k] for some e < len(tokens).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ if TYPE_CHECKING:
 class _Index:
     grams: dict[tuple[int, ...], int] = field(default_factory=dict)
     upto: int = 0  # every gram ending before this position is indexed
+    src: int = -1  # where the last draft was copied from (-1: none)
+    at: int = 0  # len(tokens) when it was proposed
 
 
 class NgramDrafter:
@@ -51,14 +57,24 @@ class NgramDrafter:
         idx = self._index.setdefault(req.rid, _Index())
         if idx.upto > n_tok:  # the request was rolled back (e.g. retracted and re-run)
             idx.grams.clear()
-            idx.upto = 0
+            idx.upto, idx.src = 0, -1
         lo, hi = self.ngram_min, self.ngram_max
         for e in range(max(idx.upto, lo), n_tok):  # grams ending at e, continued by tokens[e]
             for n in range(lo, min(hi, e) + 1):
                 idx.grams[tuple(tokens[e - n:e])] = e
         idx.upto = max(idx.upto, n_tok)
-        for n in range(min(hi, n_tok), lo - 1, -1):
-            e = idx.grams.get(tuple(tokens[n_tok - n:]))
-            if e is not None:
-                return Draft(tokens[e:e + k])
-        return Draft()
+        e = self._follow(idx, tokens, n_tok)
+        if e is None:
+            e = next((e for n in range(min(hi, n_tok), lo - 1, -1)
+                      if (e := idx.grams.get(tuple(tokens[n_tok - n:]))) is not None), None)
+        idx.src, idx.at = (-1, 0) if e is None else (e, n_tok)
+        return Draft() if e is None else Draft(tokens[e:e + k])
+
+    @staticmethod
+    def _follow(idx: _Index, tokens: list[int], n_tok: int) -> int | None:
+        """The last draft's source advanced by the tokens appended since, if they equal
+        what followed it there (the request kept copying); else None."""
+        d = n_tok - idx.at
+        if idx.src < 0 or d < 0 or idx.src + d >= n_tok:
+            return None
+        return idx.src + d if tokens[idx.at:n_tok] == tokens[idx.src:idx.src + d] else None

@@ -197,3 +197,41 @@ def test_logprobs_and_streaming(make_engine, reference):
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
     assert eng.scheduler.speculative.stats.accepted > 0
     assert_all_slots_back(eng, POOL)
+
+
+class _Oracle:
+    """A drafter that knows the reference output: `shift` 0 drafts it (always accepted),
+    1 drafts each next token + 1 (always rejected: the target's argmax is the reference)."""
+    name, costly, tracked = "ORACLE", False, frozenset()
+
+    def __init__(self, prompt: list[int], want: list[int], shift: int) -> None:
+        self.prompt, self.want, self.shift = prompt, want, shift
+
+    def forget(self, rid: str) -> None:
+        pass
+
+    def propose(self, reqs, max_tokens):
+        from radixlm.speculative.drafter import Draft
+        out = []
+        for r, k in zip(reqs, max_tokens):
+            i = len(r.fill_ids) - len(self.prompt)
+            out.append(Draft([t + self.shift for t in self.want[i:i + k]]))
+        return out
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_adaptive_drafting(make_engine, reference, shift):
+    """Drafts that are always rejected stop after a bounded number of verifies (2, then
+    one probe per pause of 16, 32 steps); drafts always accepted keep drafting at full k.
+    Either way the output is the greedy one without speculation."""
+    prompts, want = reference
+    eng = make_engine(speculative_algorithm="NGRAM", disable_radix_cache=True)
+    spec = eng.scheduler.speculative
+    spec.drafter = _Oracle(prompts[-1], want[-1], shift)
+    assert eng.generate(prompts[-1], greedy())["output_ids"] == want[-1]
+    st = spec.stats
+    if shift:  # 40 tokens: verifies at steps 1, 2, then probes near 18 and 51 (past the end)
+        assert st.accepted == 0 and 1 <= st.verifies <= 3, st.as_dict()
+    else:  # every verify takes all k drafts: about 40 / (k + 1) verifies
+        assert st.accepted == st.drafted and st.verifies <= MAX_NEW // spec.k, st.as_dict()
+    assert_all_slots_back(eng, POOL)

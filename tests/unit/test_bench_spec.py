@@ -21,3 +21,18 @@ def test_workloads_cover_the_issue():
     names = [n for n, _ in _workloads(SpecBenchConfig(streams=(8, 32)))]
     assert names == ["copy-heavy", "repeat-chat", "random", "random x8 streams",
                      "random x32 streams"]
+
+
+def test_starts_interleave_and_the_table_takes_medians():
+    from radixlm.bench.spec import start_order
+    assert start_order([None, "NGRAM"], 3) == [(0, None), (0, "NGRAM"), (1, "NGRAM"),
+                                               (1, None), (2, None), (2, "NGRAM")]
+    d = {"verify_steps": 1, "verifies": 1, "drafted": 3, "accepted": 1}
+    runs = [{"config": c, "workload": "random", "start": i, "tok_s": t, "loadavg": 1.0,
+             "spec": None if c == "off" else d}
+            for i, (c, t) in enumerate([("off", 10.0), ("off", 20.0), ("off", 12.0),
+                                        ("NGRAM", 11.0), ("NGRAM", 30.0), ("NGRAM", 9.0)])]
+    table = spec_table({"runs": runs})
+    line = next(l for l in table.splitlines() if "NGRAM" in l)
+    # median 11 over median 12 (not the mean ratio, which the 30 would inflate)
+    assert "0.917" in line and "9.0-30.0" in line and "2.0" in line

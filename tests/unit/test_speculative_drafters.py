@@ -44,6 +44,19 @@ def test_ngram_index_grows_with_the_output():
     assert d._index == {}
 
 
+def test_ngram_follows_an_accepted_match():
+    d = NgramDrafter(1, 2)
+    r = req([1, 2, 3, 8, 7, 2, 3, 9], [1])
+    assert d.propose([r], [3])[0].tokens == [2, 3, 8]  # "1" occurs once
+    r.output_ids += [2, 3]  # it copied on: follow the match (8), not the latest "2 3" (9)
+    assert d.propose([r], [3])[0].tokens == [8, 7, 2]
+    assert d.propose([r], [3])[0].tokens == [8, 7, 2]  # proposed again, nothing appended
+    r.output_ids += [8, 5]  # diverged: a fresh lookup ("8 5" and "5" occur nowhere)
+    assert d.propose([r], [3])[0].tokens == []
+    r.output_ids += [2]  # "5 2" nowhere, "2": its latest earlier occurrence (output: 3 8 5)
+    assert d.propose([r], [3])[0].tokens == [3, 8, 5]
+
+
 def _tree(seqs: list[list[int]], page_size: int = 1) -> RadixCache:
     alloc = KVSlotAllocator(256, torch.device("cpu"), page_size=page_size)
     cache = RadixCache(ReqToTokenPool(4, 64, torch.device("cpu")), alloc, page_size=page_size)
