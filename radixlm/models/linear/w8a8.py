@@ -42,14 +42,13 @@ ACT_ZERO_POINT = 128
 
 def quantize_per_token_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (u uint8 [M, K], scales float32 [M, 1]); x ~= (u - 128) * scales,
-    u - 128 in -127..127 (symmetric int8 shifted by the zero point)."""
+    u - 128 in -127..127 (symmetric int8 shifted by the zero point, rounded half up)."""
+    # (Each step a plain same-shape or broadcast op: torch's vectorized paths; measured
+    # faster than vector_norm(inf) and addcmul, which take scalar loops here.)
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(1e-30)
-    # float32 (x * 127 / amax + 128), rounded: 128 is even, so round(a + 128) = round(a) + 128
-    u = torch.addcmul(_ZP, x, 127.0 / amax).round_().to(torch.uint8)
+    # float32 x * 127 / amax + 128.5 in [1.5, 255.5]; the cast truncates: floor = round
+    u = torch.mul(x, 127.0 / amax).add_(ACT_ZERO_POINT + 0.5).to(torch.uint8)
     return u, amax.div_(127.0)
-
-
-_ZP = torch.tensor(float(ACT_ZERO_POINT))
 
 
 class W8A8Int8Linear(LinearMethod):
@@ -78,10 +77,10 @@ class W8A8Int8Linear(LinearMethod):
         y = torch.ops.onednn.qlinear_pointwise(
             ux, 1.0, ACT_ZERO_POINT, self.packed, self.scales, self.zero_points, None, 1.0, 0,
             torch.float32, "none", [], "")
-        y = y.mul_(xs)
+        y = y.mul_(xs)  # float32 in place (mixed-dtype ops take torch's slow paths)
         if bias is not None:
-            y = y.add_(bias)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+            y = y.add_(bias if bias.dtype == torch.float32 else bias.float())
+        return (y if y.dtype == x.dtype else y.to(x.dtype)).reshape(*lead, self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         # x = I: each row quantizes exactly (u = 255 on the diagonal, 128 elsewhere) and
