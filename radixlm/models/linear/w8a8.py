@@ -8,8 +8,10 @@ every call: oneDNN's VNNI kernel is u8 x s8 (int8 activations take a reference p
 ~100x slower). `onednn.qlinear_pointwise` computes ((u - 128) @ q^T) * s_w in float32
 with x_scale 1; the token scales and the bias are applied to its output, returned in
 x's dtype.
-SGLang's `w8a8_int8`. Needs a CPU with oneDNN int8 (`w8a8_kernel_available`); fast only
-with VNNI or AMX (`w8a8_fast_on_this_cpu`).
+
+SGLang's `w8a8_int8`, opt-in: needs torch's oneDNN int8 linear (`w8a8_kernel_available`)
+and is worth it only with VNNI/AMX int8 dot products; without calibration (SmoothQuant)
+the default model's logits move by ~20% (docs/benchmarks.md), so it is not a default.
 """
 
 from __future__ import annotations
@@ -18,23 +20,12 @@ import torch
 
 from radixlm.models.linear.int8 import quantize_per_channel_int8
 from radixlm.models.linear.method import LinearMethod
-from radixlm.runtime.cpu_features import cpu_flags
-
-# Any of these gives oneDNN int8 dot products in hardware (u8 x s8 -> s32).
-INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 def w8a8_kernel_available(device: torch.device) -> bool:
     return (device.type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.onednn, "qlinear_prepack")
             and hasattr(torch.ops.onednn, "qlinear_pointwise"))
-
-
-def w8a8_fast_on_this_cpu() -> bool:
-    """Does the CPU have int8 dot products (VNNI or AMX)? Without them oneDNN's int8
-    GEMM is emulated and not worth the activation quantization."""
-    flags = cpu_flags()
-    return any(f in flags for f in INT8_DOT_FLAGS)
 
 
 ACT_ZERO_POINT = 128
