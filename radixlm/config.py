@@ -69,9 +69,11 @@ class ServerArgs:
         "their 4-bit weights (int4 groupwise kernel for decode batches of up to 4 requests, "
         "the same weights dequantized for larger calls; bfloat16 CPU runs only), everything "
         "else dense; none: dequantize everything to the run dtype; int8: quantize dense "
-        "weights to int8 weight-only per output channel at load (bfloat16 CPU runs). "
+        "weights to int8 weight-only per output channel at load (bfloat16 CPU runs); "
+        "w8a8_int8: int8 weights per output channel and int8 activations per token, "
+        "oneDNN's int8 GEMM for every call (CPU; fast with VNNI/AMX). "
         "Dense weights are prepacked for oneDNN on the CPU (docs/tuning.md).",
-        ["auto", "none", "int8"])
+        ["auto", "none", "int8", "w8a8_int8"])
     disable_weight_prepack: bool = _opt(
         False, "Run dense linear layers through F.linear instead of weights prepacked once "
         "for oneDNN (CPU; for comparisons: prepacked is faster).")

@@ -5,11 +5,12 @@ from radixlm.models.linear.int4_groups import Int4Groups, QuantizedCheckpointTen
 from radixlm.models.linear.int8 import Int8WeightOnlyLinear, quantize_per_channel_int8
 from radixlm.models.linear.method import (DenseLinear, LinearMethod, PrepackedLinear,
                                           SmallBatchQuantized)
+from radixlm.models.linear.w8a8 import W8A8Int8Linear
 from radixlm.models.linear.policy import (QUANTIZATIONS, LinearPolicy, apply_linear_policy,
                                           make_linear_method, weight_bytes_by_format)
 
 __all__ = ["DenseLinear", "Int4Groups", "Int4GroupwiseLinear", "Int8WeightOnlyLinear",
            "LinearMethod", "LinearPolicy", "PrepackedLinear", "QUANTIZATIONS",
-           "QuantizedCheckpointTensor", "SmallBatchQuantized", "apply_linear_policy",
+           "QuantizedCheckpointTensor", "SmallBatchQuantized", "W8A8Int8Linear", "apply_linear_policy",
            "as_dense", "make_linear_method", "quantize_per_channel_int8",
            "weight_bytes_by_format"]

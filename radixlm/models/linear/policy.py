@@ -4,6 +4,8 @@
     --quantization auto, int4 groups from the checkpoint (GGUF Q4_0/Q4_1), bfloat16 run
                                           -> Int4GroupwiseLinear (+ dense fallback)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
+    --quantization w8a8_int8, CPU         -> W8A8Int8Linear (int8 x int8 oneDNN, every call;
+                                             from the dense/dequantized weight)
     otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
     otherwise                             -> DenseLinear (F.linear)
 
@@ -28,10 +30,11 @@ from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_availa
                                         quantize_per_channel_int8)
 from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
                                           onednn_prepack_available, storage_key)
+from radixlm.models.linear.w8a8 import W8A8Int8Linear, w8a8_kernel_available
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "w8a8_int8")
 # Rows up to which the weight-only kernels beat oneDNN's bf16 GEMM for this project's
 # shapes (int4: 3.2 vs 7.8 ms per decode step at 1 row, 4.4 at 4, 8.1 vs 8.0 at 8;
 # docs/benchmarks.md, "Linear methods").
@@ -71,6 +74,8 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             return PrepackedLinear(w)
         return DenseLinear(w)
 
+    if policy.quantization == "w8a8_int8" and w8a8_kernel_available(device):
+        return W8A8Int8Linear.from_dense(weight)
     if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4):
         return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
