@@ -3,6 +3,9 @@
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
     --quantization auto, int4 groups from the checkpoint (GGUF Q4_0/Q4_1), bfloat16 run
                                           -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization auto, int8 groups from the checkpoint (GGUF Q8_0/Q5_0/Q6_K), bfloat16
+    CPU run, the int8_groups kernel built -> Int8GroupwiseLinear (+ dense fallback; an LM
+                                          head: `make_head_method`, no dense copy)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
     otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
     otherwise                             -> DenseLinear (F.linear)
@@ -26,6 +29,8 @@ from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_kernel_fits,
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
+from radixlm.models.linear.int8_groups import (Int8Groups, Int8GroupwiseLinear,
+                                               int8_groups_kernel_runs_on)
 from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
                                           onednn_prepack_available, storage_key)
 
@@ -57,11 +62,18 @@ class LinearPolicy:
         return (self.quantization == "auto" and self.gemm is None
                 and dtype == torch.bfloat16 and int4_kernel_runs_on(device))
 
+    def keeps_int8(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Do a checkpoint's int8-group tensors (Q8_0, Q5_0, Q6_K) stay int8? As
+        `keeps_int4`, with the int8_groups C++ kernel built."""
+        return (self.quantization == "auto" and self.gemm is None
+                and dtype == torch.bfloat16 and int8_groups_kernel_runs_on(device))
+
 
 def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
-                       policy: LinearPolicy) -> LinearMethod:
+                       policy: LinearPolicy, int8: Int8Groups | None = None) -> LinearMethod:
     """The method for one layer: `weight` is its dense (dequantized) weight [out, in] on
-    its device in the run dtype; `int4` its exact groups when the checkpoint had them."""
+    its device in the run dtype; `int4` / `int8` its exact groups when the checkpoint
+    had them."""
     if policy.gemm is not None:
         return DenseLinear(weight, policy.gemm, format="dense (batch-invariant GEMM)")
     device, dtype = weight.device, weight.dtype
@@ -73,12 +85,29 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
     if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4):
         return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m)
+    if int8 is not None and policy.keeps_int8(dtype, device):
+        return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
         fallback = dense(Int8WeightOnlyLinear.dequantize(q, scales).to(dtype))
         return Int8WeightOnlyLinear(q, scales, fallback, policy.small_batch_max_m)
     return dense(weight)
+
+
+# Rows up to which an LM head without a dense copy uses the int8 kernel; larger calls
+# dequantize blocks of rows (Int8GroupwiseLinear._chunked).
+HEAD_SMALL_BATCH_MAX_M = 8
+
+
+def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
+                     policy: LinearPolicy) -> LinearMethod:
+    """The LM head's method: its int8 groups with no dense copy when the policy keeps
+    int8 (the head is the largest weight: 336 MB of bf16 for Gemma 3's 262k x 640),
+    else what `make_linear_method` gives a dense weight."""
+    if int8 is not None and policy.keeps_int8(weight.dtype, weight.device):
+        return Int8GroupwiseLinear(int8, None, HEAD_SMALL_BATCH_MAX_M)
+    return make_linear_method(weight, None, policy)
 
 
 def apply_linear_policy(model: nn.Module, policy: LinearPolicy) -> None:
