@@ -48,6 +48,23 @@ def test_formats_and_memory(models):
     assert q_bytes < d_bytes - head * 0.8, (q_bytes, d_bytes)
 
 
+def test_planner_estimate_counts_the_int8_and_int4_forms(models):
+    """The memory planner's estimate of the quantized load (weight_estimate.py) is the
+    loaded model's bytes within 2% (it omits nothing large: no dense table, the int8
+    groups and int4 forms on top of the projections' dense fallbacks)."""
+    from radixlm.planning.weight_estimate import (checkpoint_shapes, estimate_weights,
+                                                  gguf_int4_tensors, gguf_int8_tensors,
+                                                  module_bytes)
+
+    quant, _, cfg = models
+    path = gemma3_270m_path()
+    shapes, source, stored = checkpoint_shapes(path, cfg)
+    est = estimate_weights(shapes, cfg, 2, "int4", 1, source, stored, gguf_int4_tensors(path),
+                           "bfloat16", prepacked_head=True, int8_forms=gguf_int8_tensors(path))
+    real = module_bytes(quant)
+    assert abs(est.total_bytes - real) < 0.02 * real, (est.total_bytes, real, est.formats)
+
+
 def test_prompt_logits_close_to_bf16_load(models):
     quant, dense, cfg = models
     for ids in PROMPTS:
