@@ -36,9 +36,13 @@ inline vf load_i8(const int8_t* p) {
 }
 
 inline float hsum(vf v) {
+#if defined(__AVX512F__) && !defined(RADIXLM_SIMD_LANES)
+  return _mm512_reduce_add_ps(reinterpret_cast<const __m512&>(v));
+#else
   float s = 0.f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
   return s;
+#endif
 }
 
 // Rows m0 .. m0 + MB of x against weight row n.
@@ -48,12 +52,17 @@ inline void row_dot(const float* x, int64_t K, const int8_t* qr, const float* sr
   vf acc[MB];
   for (int i = 0; i < MB; ++i) acc[i] = vf{};
   const int64_t ng = K / G;
+  // Per group: the unscaled products summed, then one FMA by the group's scale (exact
+  // weights either way; the sum is what is rounded).
   for (int64_t g = 0; g < ng; ++g) {
     const vf sg = splat(sr[g]);
+    vf part[MB];
+    for (int i = 0; i < MB; ++i) part[i] = vf{};
     for (int64_t k = g * G; k < (g + 1) * G; k += kLanes) {
-      const vf w = load_i8(qr + k) * sg;
-      for (int i = 0; i < MB; ++i) acc[i] += w * load(x + (m0 + i) * K + k);
+      const vf w = load_i8(qr + k);
+      for (int i = 0; i < MB; ++i) part[i] += w * load(x + (m0 + i) * K + k);
     }
+    for (int i = 0; i < MB; ++i) acc[i] += part[i] * sg;
   }
   for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(acc[i]);
 }

@@ -1,16 +1,12 @@
 """Weight bytes per tensor-parallel rank, from tensor shapes alone (no tensor data read).
 
-Shapes come from the model config (a directory holding only config.json), from the
-safetensors headers of a full checkpoint, or from a GGUF file's tensor table. Every tensor
-costs `numel * dtype bytes` -- except, with `quantization="fp8"`, the linear projections,
-which cost 1 byte per element (per-tensor scales are negligible and not counted; planning
-only), and the `int4_names` tensors (a GGUF's Q4_0/Q4_1 projections under the engine's
-`--quantization auto` on a bf16 CPU run), which cost their int4 form
-(`int4_bytes_per_weight`) on top of the dense fallback, and the `int8_forms` tensors (a
-GGUF's Q8_0/Q5_0/Q6_K tensors under the same policy), which cost their int8 groups (1 + 4 /
-group bytes a weight): on top of the dense fallback for projections, instead of the dense
-table for the embedding and lm_head (one rank). Otherwise embeddings and lm_head stay in
-the run dtype, as in published FP8 checkpoints.
+Shapes come from the model config, the safetensors headers or a GGUF file's tensor table.
+Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the linear
+projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
+CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
+top of the dense fallback) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
+weight: on top of the dense fallback for projections, instead of the dense table for a
+large embedding / lm_head). Otherwise embeddings and lm_head stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
 split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
@@ -191,11 +187,13 @@ def gguf_int4_tensors(path: str) -> frozenset[str]:
 
 def gguf_int8_tensors(path: str) -> dict[str, float]:
     """HF name -> bytes a weight of its int8 groups, for a GGUF's Q8_0/Q5_0/Q6_K
-    projections, embedding and lm_head (what `--quantization auto` keeps as int8)."""
+    projections, and embedding / lm_head of a large vocabulary (`INT8_HEAD_MIN_ROWS`): what
+    `--quantization auto` keeps as int8."""
     from gguf import GGMLQuantizationType as T
 
     from radixlm.models.gguf_int8 import is_int8_type
     from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
+    from radixlm.models.linear.policy import INT8_HEAD_MIN_ROWS
 
     reader = open_gguf(path)
     arch = gguf_architecture(reader)
@@ -204,7 +202,9 @@ def gguf_int8_tensors(path: str) -> dict[str, float]:
         if t.name == "rope_freqs.weight" or not is_int8_type(t.tensor_type):
             continue
         name = hf_name(t.name, arch)
-        if name.endswith(_LINEAR_WEIGHTS) or name.endswith(_VOCAB_PARALLEL):
+        rows = int(t.shape[-1])  # GGUF lists dims fastest-first
+        if name.endswith(_LINEAR_WEIGHTS) or (name.endswith(_VOCAB_PARALLEL)
+                                              and rows >= INT8_HEAD_MIN_ROWS):
             out[name] = 1 + 4 / (16 if t.tensor_type == T.Q6_K else 32)
     return out
 

@@ -78,7 +78,8 @@ def test_head_without_fallback_small_and_chunked(m: int, monkeypatch):
     got = method(x)
     assert got.dtype == torch.bfloat16 and got.shape == (m, 48)
     want = F.linear(x.float(), groups.dequantize().bfloat16().float())
-    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    # bf16 outputs of magnitude ~10: half an ulp is 0.03
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=0.1)
     assert method.bytes_read(m) == 48 * 256 + 48 * 8 * 4
     assert torch.equal(method.dequantized_weight(), groups.dequantize())
 

@@ -98,14 +98,20 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 # Rows up to which an LM head without a dense copy uses the int8 kernel; larger calls
 # dequantize blocks of rows (Int8GroupwiseLinear._chunked).
 HEAD_SMALL_BATCH_MAX_M = 8
+# Vocabulary rows from which the head keeps int8 groups. Measured (LOADED 2-vCPU EPYC,
+# docs/benchmarks.md "k-quant GGUFs at their own size"): one row through Gemma 3's
+# 262144 x 640 head 1.26x faster than the prepacked bf16 head (and 336 MB of dense table
+# gone), through SmolLM2's 49152 x 576 head 0.74x: small heads stay dense.
+INT8_HEAD_MIN_ROWS = 131072
 
 
 def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
                      policy: LinearPolicy) -> LinearMethod:
     """The LM head's method: its int8 groups with no dense copy when the policy keeps
-    int8 (the head is the largest weight: 336 MB of bf16 for Gemma 3's 262k x 640),
-    else what `make_linear_method` gives a dense weight."""
-    if int8 is not None and policy.keeps_int8(weight.dtype, weight.device):
+    int8 and the vocabulary is large (the head is then the largest weight: 336 MB of bf16
+    for Gemma 3's 262k x 640), else what `make_linear_method` gives a dense weight."""
+    if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
+            and policy.keeps_int8(weight.dtype, weight.device)):
         return Int8GroupwiseLinear(int8, None, HEAD_SMALL_BATCH_MAX_M)
     return make_linear_method(weight, None, policy)
 
