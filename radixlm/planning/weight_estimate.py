@@ -5,8 +5,8 @@ Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the
 projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
 CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
 top of the dense fallback) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
-weight: on top of the dense fallback for projections, instead of the dense table for a
-large embedding / lm_head). Otherwise embeddings and lm_head stay in the run dtype.
+weight, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
+head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
 split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
@@ -256,7 +256,10 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             rows = -(-shape[0] // tp)  # ceil: the last rank's shard is padded
             b = rows * _numel(shape[1:]) * dtype_bytes
             if name in int8_forms and tp == 1:
-                b, int8_table = int(n * int8_forms[name]), True
+                # int8 groups (the embedding's rows, the head's one-row calls), plus the
+                # head's dense fallback: a tied table's under lm_head below.
+                int8_table = True
+                b = int(n * int8_forms[name]) + (0 if "embed_tokens" in name else b)
             params += n
             if "embed_tokens" in name:
                 emb += b
@@ -281,7 +284,9 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                 int8 += int(per_rank * int8_forms[name])
         else:
             other += per_rank * dtype_bytes
-    if prepacked_head and cfg.tie_word_embeddings and not int8_table:
+    if int8_table and cfg.tie_word_embeddings:
+        head = -(-shapes["model.embed_tokens.weight"][0] // tp) * cfg.hidden_size * dtype_bytes
+    elif prepacked_head and cfg.tie_word_embeddings:
         head = emb
     # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank
     # (float32 buffers cast on copy: the buffer's dtype is the model's); a second one for
