@@ -5,10 +5,10 @@ GGUF's Q8_0 (groups of 32), Q5_0 (32, q - 16) and Q6_K (16, s = d * sc) are exac
 form: q * s is exact in float32 (at most 24 significant bits), so `dequantize()` is the
 `gguf` package's dequantization bit for bit. The method computes with the C++ kernel
 `cpu_kernels/int8_groups.cpp` (float32 sums, one read of the weight per call) for calls of
-at most `max_m` rows; larger calls go to `fallback`: a dense method holding the same
-values (decoder layers), or, where none is kept (an LM head: no bf16 copy of a 262k-row
-table), the groups dequantized `_CHUNK_ROWS` rows at a time into a transient bf16 block.
-An embedding reads its rows from the same groups (`lookup`), equal to the dense lookup.
+at most `max_m` rows; larger calls go to `fallback`, a dense method holding the same
+values (the policy always gives one), or, built without one, the groups dequantized
+`_CHUNK_ROWS` rows at a time into a transient bf16 block. A tied embedding reads its rows
+from the same groups (`lookup`), equal to the dense lookup.
 """
 
 from __future__ import annotations
