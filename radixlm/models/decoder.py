@@ -24,7 +24,7 @@ from torch import nn
 
 from radixlm.attention import RadixAttention
 from radixlm.models.linear import (DenseLinear, LinearMethod, LinearPolicy, as_dense,
-                                   make_linear_method)
+                                   make_head_method)
 from radixlm.models.mlp import GatedMLP
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import SINGLE, ParallelContext, kv_head_range
@@ -216,14 +216,18 @@ class DecoderForCausalLM(nn.Module):
     @torch.no_grad()
     def finalize_linear(self, policy: LinearPolicy) -> None:
         """The LM head's method (the decoder layers build their own). Tied: a method over
-        the embedding's rows (the embedding keeps its weight for lookups); untied: the
-        method owns the head's weight. The head stays dense: GGUF stores it Q8_0/Q6_K,
-        which no kernel here computes exactly."""
+        the embedding's rows (the embedding keeps its weight for lookups, unless the
+        method holds the rows' exact int8 groups: then lookups read those and the dense
+        table is dropped); untied: the method owns the head's weight."""
         if self.logits_method is not None:
             return
-        self.logits_method = make_linear_method(self._head_weight().data, None, policy)
+        table = self.lm_head if self.lm_head is not None else self.model.embed_tokens
+        self.logits_method = make_head_method(self._head_weight().data, table.int8, policy)
+        table.int8 = None
         if self.lm_head is not None:
             self.lm_head.weight = None
+        elif hasattr(self.logits_method, "lookup"):
+            self.model.embed_tokens.use_quantized_rows(self.logits_method)
 
     def init_non_persistent_buffers(self) -> None:
         self.model.reset_rope()

@@ -1,10 +1,12 @@
-"""GGUF Q4_0 / Q4_1 blocks -> exact Int4Groups (models/linear/int4_groups.py).
+"""GGUF Q4_0 / Q4_1 / Q4_K blocks -> exact Int4Groups (models/linear/int4_groups.py).
 
 A block is 32 weights of one row: Q4_1 = d (f16), m (f16), 16 bytes of nibbles; Q4_0 =
 d (f16), 16 bytes. Byte j of a block holds weight j in its low nibble and weight j + 16
 in its high nibble. Q4_1: w = d * q + m; Q4_0: w = d * (q - 8) = d * q + m with m = -8 d
 (exact: an 11-bit d times 8 is a power-of-two scaling, and d * q and d * (q - 8) have
-at most 15 significant bits).
+at most 15 significant bits). Q4_K: 256 weights in 8 sub-blocks of 32, w = d * sc * q -
+dmin * mn with six-bit sc, mn: groups of 32 with d = d * sc, m = -dmin * mn (exact in
+float32; the unpacking is gguf_dequant's, tested against the `gguf` package).
 """
 
 from __future__ import annotations
@@ -21,13 +23,30 @@ _LAYOUTS = {GGMLQuantizationType.Q4_0: (18, False), GGMLQuantizationType.Q4_1: (
 
 
 def is_int4_type(tensor_type: GGMLQuantizationType) -> bool:
-    return tensor_type in _LAYOUTS
+    return tensor_type in _LAYOUTS or tensor_type == GGMLQuantizationType.Q4_K
+
+
+def _q4_k_groups(data: np.ndarray, rows: int, cols: int) -> Int4Groups:
+    from radixlm.models.gguf_dequant import _bits, _k4_scales
+
+    blocks = np.ascontiguousarray(data).reshape(-1, 144)
+    if not blocks.flags.writeable:
+        blocks = blocks.copy()
+    raw = torch.from_numpy(blocks)
+    n = raw.shape[0]
+    d, dm = _k4_scales(raw)  # [n, 8, 1] each: d * sc, dmin * mn
+    # [n, 4 chunks, 32] -> [n, 4, 2 (low, high), 32] -> sub-blocks 0..7 of 32
+    q = _bits(raw[:, 16:].reshape(n, 4, 32), [0, 4], 0x0F).reshape(rows, cols)
+    return Int4Groups(q.contiguous(), d.reshape(rows, cols // _BLOCK),
+                      (-dm).reshape(rows, cols // _BLOCK), _BLOCK)
 
 
 def int4_groups_from_blocks(data: np.ndarray, tensor_type: GGMLQuantizationType,
                             rows: int, cols: int) -> Int4Groups:
     """`data`: the tensor's raw bytes (uint8, [rows, row_bytes] or flat), rows of `cols`
     weights (GGUF's fastest dimension, HF's input features)."""
+    if tensor_type == GGMLQuantizationType.Q4_K:
+        return _q4_k_groups(data, rows, cols)
     block_bytes, has_m = _LAYOUTS[tensor_type]
     if cols % _BLOCK:
         raise ValueError(f"{tensor_type.name} row of {cols} weights is not whole blocks")

@@ -2,9 +2,11 @@
 
 Tensors are dequantized on the CPU one at a time (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K by
 models/gguf_dequant.py in torch, bit-equal to the `gguf` package; other types by
-`gguf.quants.dequantize`) and cast to the run dtype. With `int4=True` (`--quantization auto`), Q4_0/Q4_1 linear weights
-also keep their exact 4-bit groups (`QuantizedCheckpointTensor`, models/gguf_int4.py),
-which the layers' int4 method computes with.
+`gguf.quants.dequantize`) and cast to the run dtype. With `int4=True` (`--quantization
+auto`), Q4_0/Q4_1/Q4_K linear weights also keep their exact 4-bit groups
+(`QuantizedCheckpointTensor`, models/gguf_int4.py), which the layers' int4 method computes
+with; with `int8=True`, Q8_0/Q5_0/Q6_K linear weights, the embedding and the LM head keep
+their exact int8 groups (models/gguf_int8.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gguf import GGUFReader
 
 from radixlm.models.gguf_dequant import dequantize
 from radixlm.models.gguf_int4 import int4_groups_from_blocks, is_int4_type
+from radixlm.models.gguf_int8 import int8_groups_from_blocks, is_int8_type
 from radixlm.models.linear import QuantizedCheckpointTensor
 from radixlm.models.model_config import ModelConfig
 
@@ -125,10 +128,11 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtype,
-                      show_progress: bool = False, int4: bool = False
+                      show_progress: bool = False, int4: bool = False, int8: bool = False
                       ) -> Iterator[tuple[str, "torch.Tensor | QuantizedCheckpointTensor"]]:
     """(HF name, CPU tensor in `dtype`, HF shape) for every weight tensor of the file;
-    `int4`: Q4_0/Q4_1 linear weights as QuantizedCheckpointTensor (dense + exact groups)."""
+    `int4`: Q4_0/Q4_1/Q4_K linear weights as QuantizedCheckpointTensor (dense + exact
+    groups); `int8`: Q8_0/Q5_0/Q6_K linear weights, embedding and head likewise."""
     permuted = config.architecture in _PERMUTED_QK_ARCHS
     norm_minus_one = config.architecture in _NORM_PLUS_ONE_ARCHS
     tensors = reader.tensors
@@ -154,10 +158,18 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig, dtype: torch.dtyp
             groups = int4_groups_from_blocks(t.data, t.tensor_type, *shape).permute_rows(unpermute)
             yield name, QuantizedCheckpointTensor(groups.dequantize().to(dtype), groups)
             continue
+        if (int8 and is_int8_type(t.tensor_type) and len(shape) == 2
+                and (_is_linear(name) or name in _TABLES)):
+            g8 = int8_groups_from_blocks(t.data, t.tensor_type, *shape).permute_rows(unpermute)
+            yield name, QuantizedCheckpointTensor(g8.dequantize().to(dtype), int8=g8)
+            continue
         w = dequantize(t.data, t.tensor_type, shape)  # float32 (F16/BF16 widened)
         if norm_minus_one and name.endswith("norm.weight"):
             w = w - 1.0  # back to HF's w, in float32
         yield name, unpermute(w.to(dtype))
+
+
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def _is_linear(hf: str) -> bool:

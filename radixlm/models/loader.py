@@ -85,7 +85,8 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device | str,
         reader = open_gguf(model_path)
         config = ModelConfig.from_gguf_metadata(reader)
         weights = iter_gguf_weights(reader, config, dtype, show_progress,
-                                    int4=policy.keeps_int4(dtype, torch.device(device)))
+                                    int4=policy.keeps_int4(dtype, torch.device(device)),
+                                    int8=policy.keeps_int8(dtype, torch.device(device)))
     else:
         config = load_hf_config(model_path)
         weights = iter_hf_weights(model_path, dtype)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.models.linear import (Int4Groups, LinearMethod, LinearPolicy,
+from radixlm.models.linear import (Int4Groups, Int8Groups, LinearMethod, LinearPolicy,
                                    QuantizedCheckpointTensor, as_dense, make_linear_method)
 from radixlm.models.parallel_context import ParallelContext, kv_head_range, split_evenly
 
@@ -65,8 +65,8 @@ def qkv_shards(num_heads: int, num_kv_heads: int, head_dim: int,
 
 class _ShardedLinear(nn.Module):
     """weight [out_local, in_local] (+ bias [out_local or out]) until `finalize_linear`,
-    then `method`. `_int4` collects the exact int4 groups of the loaded pieces (None for a
-    piece loaded dense: then the layer has no complete int4 form)."""
+    then `method`. `_int4` / `_int8` collect the exact int4 / int8 groups of the loaded
+    pieces (None for a piece loaded otherwise: then the layer has no complete such form)."""
 
     def __init__(self, in_local: int, out_local: int, bias_size: int | None,
                  ctx: ParallelContext) -> None:
@@ -76,6 +76,7 @@ class _ShardedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(bias_size)) if bias_size is not None else None
         self.method: LinearMethod | None = None
         self._int4: dict[str | None, Int4Groups | None] = {}
+        self._int8: dict[str | None, Int8Groups | None] = {}
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         method = self.method
@@ -89,13 +90,18 @@ class _ShardedLinear(nn.Module):
         """The whole local weight's int4 groups, or None unless every piece had them."""
         raise NotImplementedError
 
+    def _int8_weight(self) -> Int8Groups | None:
+        """The whole local weight's int8 groups, or None unless every piece had them."""
+        raise NotImplementedError
+
     @torch.no_grad()
     def finalize_linear(self, policy: LinearPolicy) -> None:
         """Build the method from the loaded weight; the method owns it from now on."""
         if self.method is not None:
             return
-        self.method = make_linear_method(self.weight.data, self._int4_weight(), policy)
-        self._int4 = {}
+        self.method = make_linear_method(self.weight.data, self._int4_weight(), policy,
+                                         int8=self._int8_weight())
+        self._int4, self._int8 = {}, {}
         self.weight = None
 
 
@@ -130,8 +136,9 @@ class ColumnParallelLinear(_ShardedLinear):
         off = self.offsets[shard]
         dst[off:off + s.end - s.start].copy_(as_dense(tensor)[s.start:s.end])
         if param_name == "weight":
-            self._int4[shard] = (tensor.int4.rows(s.start, s.end)
-                                 if isinstance(tensor, QuantizedCheckpointTensor) else None)
+            q = tensor if isinstance(tensor, QuantizedCheckpointTensor) else None
+            self._int4[shard] = q.int4.rows(s.start, s.end) if q and q.int4 else None
+            self._int8[shard] = q.int8.rows(s.start, s.end) if q and q.int8 else None
 
     def _int4_weight(self) -> Int4Groups | None:
         # Shards are stacked in the order given (self.offsets): concatenate their rows.
@@ -140,6 +147,12 @@ class ColumnParallelLinear(_ShardedLinear):
             return None
         return Int4Groups(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
                           torch.cat([p.m for p in parts]), parts[0].group_size)
+
+    def _int8_weight(self) -> Int8Groups | None:
+        parts = [self._int8.get(name) for name in self.shards]
+        if not parts or any(p is None for p in parts):
+            return None
+        return Int8Groups.cat(parts)
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -174,17 +187,23 @@ class RowParallelLinear(_ShardedLinear):
         c0 = self.ctx.tp_rank * self.in_local
         self.weight.data.copy_(as_dense(tensor)[:, c0:c0 + self.in_local])
         # An input-feature shard that cuts through a group has no int4 form (dense).
-        self._int4[None] = (tensor.int4.cols(c0, c0 + self.in_local)
-                            if isinstance(tensor, QuantizedCheckpointTensor) else None)
+        q = tensor if isinstance(tensor, QuantizedCheckpointTensor) else None
+        self._int4[None] = q.int4.cols(c0, c0 + self.in_local) if q and q.int4 else None
+        self._int8[None] = q.int8.cols(c0, c0 + self.in_local) if q and q.int8 else None
 
     def _int4_weight(self) -> Int4Groups | None:
         return self._int4.get(None)
+
+    def _int8_weight(self) -> Int8Groups | None:
+        return self._int8.get(None)
 
 
 class _VocabSharded(nn.Module):
     """weight [n, hidden], n = ceil(vocab / tp): rank r holds the rows of token ids
     [r*n, min((r+1)*n, vocab)); the last rank's rows past the vocabulary are zero padding
-    (never looked up; their logits are cut off after the gather)."""
+    (never looked up; their logits are cut off after the gather). `int8`: the table's exact
+    int8 groups when the checkpoint had them and there is one rank (the LM head's method
+    may then own them: `use_quantized_rows`, and the weight is dropped)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext) -> None:
         super().__init__()
@@ -194,10 +213,15 @@ class _VocabSharded(nn.Module):
         self.vocab_start = ctx.tp_rank * self.rows_per_rank
         self.vocab_end = min(self.vocab_start + self.rows_per_rank, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))
+        self.int8: Int8Groups | None = None
+        # Set by use_quantized_rows: lookups read this method's rows (no dense table).
+        self.rows_method: LinearMethod | None = None
 
     @torch.no_grad()
     def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:
         _check_shape(tensor, (self.vocab_size, self.hidden_size), shard)
+        if isinstance(tensor, QuantizedCheckpointTensor) and not self.ctx.is_parallel:
+            self.int8 = tensor.int8
         tensor = as_dense(tensor)
         n = max(0, self.vocab_end - self.vocab_start)
         self.weight.data[:n].copy_(tensor[self.vocab_start:self.vocab_start + n])
@@ -205,7 +229,17 @@ class _VocabSharded(nn.Module):
 
 
 class VocabParallelEmbedding(_VocabSharded):
+    def use_quantized_rows(self, method: LinearMethod) -> None:
+        """Look rows up in `method` (with a `lookup(ids, dtype)`, e.g. the tied head's
+        Int8GroupwiseLinear) and drop the dense table."""
+        self.rows_method = method
+        self.dtype = self.weight.dtype
+        self.weight = None
+        self.int8 = None
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.rows_method is not None:
+            return self.rows_method.lookup(ids, self.dtype)
         if not self.ctx.is_parallel:
             return F.embedding(ids, self.weight)
         # Ids outside this rank's range look up row 0 and are zeroed; exactly one rank

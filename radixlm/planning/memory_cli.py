@@ -24,7 +24,8 @@ from radixlm.planning.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryP
                                  plan_memory)
 from radixlm.planning.units import parse_size
 from radixlm.planning.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
-                                         estimate_weights, gguf_int4_tensors)
+                                         estimate_weights, gguf_int4_tensors,
+                                         gguf_int8_tensors)
 
 
 def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -115,7 +116,9 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
         else frozenset()
     weights = estimate_weights(shapes, cfg, act_bytes, quant, ns.tp_size, source, stored,
                                int4_names, dtype,
-                               prepacked_head=onednn_prepack_available(torch_dtype, device_guess))
+                               prepacked_head=onednn_prepack_available(torch_dtype, device_guess),
+                               int8_forms=(gguf_int8_tensors(path) if quant == "int4"
+                                           and path.endswith(".gguf") else None))
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
                       cfg.context_cap or 1 << 30)

@@ -1,13 +1,12 @@
 """Weight bytes per tensor-parallel rank, from tensor shapes alone (no tensor data read).
 
-Shapes come from the model config (a directory holding only config.json), from the
-safetensors headers of a full checkpoint, or from a GGUF file's tensor table. Every tensor
-costs `numel * dtype bytes` -- except, with `quantization="fp8"`, the linear projections,
-which cost 1 byte per element (per-tensor scales are negligible and not counted; planning
-only), and the `int4_names` tensors (a GGUF's Q4_0/Q4_1 projections under the engine's
-`--quantization auto` on a bf16 CPU run), which cost their int4 form
-(`int4_bytes_per_weight`) on top of the dense fallback. Embeddings and lm_head stay in the
-run dtype, as in published FP8 checkpoints.
+Shapes come from the model config, the safetensors headers or a GGUF file's tensor table.
+Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the linear
+projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
+CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
+top of the dense fallback) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
+weight, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
+head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
 split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
@@ -56,19 +55,22 @@ class WeightEstimate:
     source: str  # "config" | "safetensors" | "gguf"
     on_disk_bytes: int | None = None  # the checkpoint's tensor bytes as stored (GGUF: quantized)
     int4_bytes: int = 0  # int4 forms of projections (their dense fallback: in linear_bytes)
+    int8_bytes: int = 0  # int8 groups of projections (their dense fallback: in linear_bytes)
     dtype_name: str = ""  # the run dtype, for `formats`
 
     @property
     def total_bytes(self) -> int:
         return (self.embedding_bytes + self.lm_head_bytes + self.linear_bytes
-                + self.other_bytes + self.int4_bytes)
+                + self.other_bytes + self.int4_bytes + self.int8_bytes)
 
     @property
     def formats(self) -> dict[str, int]:
         """Bytes by weight format, as the start-up table reports the loaded ones."""
         linear = ("dense " + self.dtype_name + (" (fallback for large batches)"
-                                                if self.int4_bytes else "")).strip()
-        out = {"int4 groupwise": self.int4_bytes, linear: self.linear_bytes,
+                                                if self.int4_bytes or self.int8_bytes
+                                                else "")).strip()
+        out = {"int4 groupwise": self.int4_bytes, "int8 groupwise": self.int8_bytes,
+               linear: self.linear_bytes,
                "embedding and lm_head": self.embedding_bytes + self.lm_head_bytes,
                "other (norms, biases, RoPE)": self.other_bytes}
         return {k: v for k, v in out.items() if v}
@@ -183,6 +185,30 @@ def gguf_int4_tensors(path: str) -> frozenset[str]:
                      and hf_name(t.name, arch).endswith(_LINEAR_WEIGHTS))
 
 
+def gguf_int8_tensors(path: str) -> dict[str, float]:
+    """HF name -> bytes a weight of its int8 groups, for a GGUF's Q8_0/Q5_0/Q6_K
+    projections, and embedding / lm_head of a large vocabulary (`INT8_HEAD_MIN_ROWS`): what
+    `--quantization auto` keeps as int8."""
+    from gguf import GGMLQuantizationType as T
+
+    from radixlm.models.gguf_int8 import is_int8_type
+    from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
+    from radixlm.models.linear.policy import INT8_HEAD_MIN_ROWS
+
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader)
+    out = {}
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight" or not is_int8_type(t.tensor_type):
+            continue
+        name = hf_name(t.name, arch)
+        rows = int(t.shape[-1])  # GGUF lists dims fastest-first
+        if name.endswith(_LINEAR_WEIGHTS) or (name.endswith(_VOCAB_PARALLEL)
+                                              and rows >= INT8_HEAD_MIN_ROWS):
+            out[name] = 1 + 4 / (16 if t.tensor_type == T.Q6_K else 32)
+    return out
+
+
 def checkpoint_shapes(model_path: str, cfg: ModelConfig
                       ) -> tuple[dict[str, tuple[int, ...]], str, int | None]:
     """(shapes, source, stored bytes): real tensor sizes when the checkpoint is there, else
@@ -206,7 +232,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype_bytes: int,
                      quantization: str = "none", tp: int = 1, source: str = "config",
                      on_disk_bytes: int | None = None, int4_names: frozenset[str] = frozenset(),
-                     dtype_name: str = "", prepacked_head: bool = False) -> WeightEstimate:
+                     dtype_name: str = "", prepacked_head: bool = False,
+                     int8_forms: dict[str, float] | None = None) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
     checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
     `quantization="int4"`: the `int4_names` projections also keep their int4 form.
@@ -218,7 +245,9 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
     check_tp(cfg, tp)
     kv_frac = (kv_heads_per_rank(cfg, tp), cfg.num_kv_heads)  # rank's share of k/v rows
-    emb = head = linear = other = params = int4 = 0
+    int8_forms = int8_forms if quantization == "int4" else {}
+    emb = head = linear = other = params = int4 = int8 = 0
+    int8_table = False  # a vocabulary table kept as int8 groups (no dense copy)
     for name, shape in shapes.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -226,6 +255,11 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         if name.endswith(_VOCAB_PARALLEL):
             rows = -(-shape[0] // tp)  # ceil: the last rank's shard is padded
             b = rows * _numel(shape[1:]) * dtype_bytes
+            if name in int8_forms and tp == 1:
+                # int8 groups (the embedding's rows, the head's one-row calls), plus the
+                # head's dense fallback: a tied table's under lm_head below.
+                int8_table = True
+                b = int(n * int8_forms[name]) + (0 if "embed_tokens" in name else b)
             params += n
             if "embed_tokens" in name:
                 emb += b
@@ -246,9 +280,13 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
             if quantization == "int4" and name in int4_names:
                 int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes))
+            elif name in int8_forms:
+                int8 += int(per_rank * int8_forms[name])
         else:
             other += per_rank * dtype_bytes
-    if prepacked_head and cfg.tie_word_embeddings:
+    if int8_table and cfg.tie_word_embeddings:
+        head = -(-shapes["model.embed_tokens.weight"][0] // tp) * cfg.hidden_size * dtype_bytes
+    elif prepacked_head and cfg.tie_word_embeddings:
         head = emb
     # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank
     # (float32 buffers cast on copy: the buffer's dtype is the model's); a second one for
@@ -256,7 +294,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     ropes = 2 if cfg.rope_local_theta is not None else 1
     other += ropes * cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
     return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes, int4,
-                          dtype_name)
+                          int8, dtype_name)
 
 
 def module_bytes(model) -> int:

@@ -16,9 +16,12 @@ un-permutation apply to q, d and m alike (`rows`, `permute_rows`); an input-feat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from radixlm.models.linear.int8_groups import Int8Groups
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,12 @@ class Int4Groups:
 @dataclass(frozen=True)
 class QuantizedCheckpointTensor:
     """A checkpoint tensor that a loader read in a quantized form: `dense` is its exact
-    dequantization in the run dtype (what a dense layer loads), `int4` the same values in
-    exact groups (what an int4 layer keeps). Loaders yield it in place of a tensor."""
+    dequantization in the run dtype (what a dense layer loads), `int4` or `int8` the same
+    values in exact groups (what a quantized layer keeps; int8: `linear/int8_groups.py`).
+    Loaders yield it in place of a tensor."""
     dense: torch.Tensor
-    int4: Int4Groups
+    int4: Int4Groups | None = None
+    int8: "Int8Groups | None" = None
 
     @property
     def shape(self) -> torch.Size:

@@ -1,11 +1,11 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, int4 groups from the checkpoint (GGUF Q4_0/Q4_1), bfloat16 run
-                                          -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
+                                          fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
-    --quantization w8a8_int8, CPU         -> W8A8Int8Linear (int8 x int8 oneDNN, every call;
-                                             from the dense/dequantized weight)
+    --quantization w8a8_int8, CPU         -> W8A8Int8Linear (oneDNN int8 x int8, every call)
     otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
     otherwise                             -> DenseLinear (F.linear)
 
@@ -28,6 +28,8 @@ from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_kernel_fits,
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
+from radixlm.models.linear.int8_groups import (Int8Groups, Int8GroupwiseLinear,
+                                               int8_groups_kernel_runs_on)
 from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
                                           onednn_prepack_available, storage_key)
 from radixlm.models.linear.w8a8 import W8A8Int8Linear, w8a8_kernel_available
@@ -60,11 +62,18 @@ class LinearPolicy:
         return (self.quantization == "auto" and self.gemm is None
                 and dtype == torch.bfloat16 and int4_kernel_runs_on(device))
 
+    def keeps_int8(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Do a checkpoint's int8-group tensors (Q8_0, Q5_0, Q6_K) stay int8? As
+        `keeps_int4`, with the int8_groups C++ kernel built."""
+        return (self.quantization == "auto" and self.gemm is None
+                and dtype == torch.bfloat16 and int8_groups_kernel_runs_on(device))
+
 
 def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
-                       policy: LinearPolicy) -> LinearMethod:
+                       policy: LinearPolicy, int8: Int8Groups | None = None) -> LinearMethod:
     """The method for one layer: `weight` is its dense (dequantized) weight [out, in] on
-    its device in the run dtype; `int4` its exact groups when the checkpoint had them."""
+    its device in the run dtype; `int4` / `int8` its exact groups when the checkpoint
+    had them."""
     if policy.gemm is not None:
         return DenseLinear(weight, policy.gemm, format="dense (batch-invariant GEMM)")
     device, dtype = weight.device, weight.dtype
@@ -78,12 +87,38 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
         return W8A8Int8Linear.from_dense(weight)
     if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4):
         return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m)
+    if int8 is not None and policy.keeps_int8(dtype, device):
+        return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
         fallback = dense(Int8WeightOnlyLinear.dequantize(q, scales).to(dtype))
         return Int8WeightOnlyLinear(q, scales, fallback, policy.small_batch_max_m)
     return dense(weight)
+
+
+# Rows up to which an int8 LM head uses the int8_groups kernel; larger calls take the
+# head's dense (prepacked) fallback. Quiet-ish one-batch on Gemma 3: the kernel at 8 rows
+# made a decode step 0.80x the bf16 head's; one row 1.75x faster (docs/benchmarks.md).
+HEAD_SMALL_BATCH_MAX_M = 1
+# Vocabulary rows from which the head keeps int8 groups. Measured (LOADED 2-vCPU EPYC,
+# docs/benchmarks.md "k-quant GGUFs at their own size"): one row through Gemma 3's
+# 262144 x 640 head 1.26x faster than the prepacked bf16 head (and 336 MB of dense table
+# gone), through SmolLM2's 49152 x 576 head 0.74x: small heads stay dense.
+INT8_HEAD_MIN_ROWS = 131072
+
+
+def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
+                     policy: LinearPolicy) -> LinearMethod:
+    """The LM head's method: its int8 groups (one-row calls) over the dense method of the
+    same values (larger calls) when the policy keeps int8 and the vocabulary is large (the
+    head is then the largest weight: 336 MB of bf16 for Gemma 3's 262k x 640), else what
+    `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
+    if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
+            and policy.keeps_int8(weight.dtype, weight.device)):
+        return Int8GroupwiseLinear(int8, make_linear_method(weight, None, policy),
+                                   HEAD_SMALL_BATCH_MAX_M)
+    return make_linear_method(weight, None, policy)
 
 
 def apply_linear_policy(model: nn.Module, policy: LinearPolicy) -> None:

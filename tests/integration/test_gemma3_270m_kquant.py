@@ -1,0 +1,87 @@
+"""Gemma 3 270M Q4_K_M kept at its own size (`--quantization auto`, bf16 CPU run): every
+projection is int4 (Q4_K) or int8 groups (Q5_0, Q8_0, Q6_K), the tied Q8_0 head computes
+one-row calls from int8 groups and the embedding looks its rows up there. Against
+the same file loaded all-bf16 (`--quantization none`): prompt logits close (the weights
+are the same values; sums differ in order and the int4 kernel's scales are bf16-rounded),
+greedy tokens equal on the parity prompts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.models import load_model
+from radixlm.models.linear import (Int4GroupwiseLinear, Int8GroupwiseLinear, LinearPolicy,
+                                   weight_bytes_by_format)
+from radixlm.models.linear.int8_groups import int8_groups_kernel
+from radixlm.models.linear.policy import top_level_methods
+from tests.conftest import gemma3_270m_path, requires_gemma3_270m
+from tests.conftest_models import PoolHarness, rel_err
+
+pytestmark = [pytest.mark.slow, requires_gemma3_270m]
+
+PROMPTS = [[2, 818, 5279, 529, 7001, 563], [2, 2063, 18101, 236769, 236749, 1473],
+           [2, 12400, 3324, 496, 990, 236764, 528, 496, 2606, 2793, 3121]]
+TOL = 0.03  # relative max error of the prompt logits (int4 kernel scales in bf16)
+
+
+@pytest.fixture(scope="module")
+def models():
+    if int8_groups_kernel() is None:
+        pytest.skip("the int8_groups C++ kernel did not build here")
+    path = gemma3_270m_path()
+    quant, _ = load_model(path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("auto"))
+    dense, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("none"))
+    return quant, dense, cfg
+
+
+def test_formats_and_memory(models):
+    quant, dense, _ = models
+    kinds = {type(m) for m in top_level_methods(quant)}
+    assert kinds == {Int4GroupwiseLinear, Int8GroupwiseLinear}, kinds
+    assert isinstance(quant.logits_method, Int8GroupwiseLinear)
+    assert quant.logits_method.max_m == 1  # larger calls: the dense (prepacked) head
+    assert quant.model.embed_tokens.weight is None  # lookups read the head's int8 rows
+    q_bytes, d_bytes = (sum(weight_bytes_by_format(m).values()) for m in (quant, dense))
+    # The embedding's dense table (2 bytes a weight) is gone, the head's int8 groups
+    # (1 + 4/32) and the int4/int8 forms of the projections are added.
+    assert q_bytes < d_bytes, (q_bytes, d_bytes)
+
+
+def test_planner_estimate_counts_the_int8_and_int4_forms(models):
+    """The memory planner's estimate of the quantized load (weight_estimate.py) is the
+    loaded model's bytes within 2% (it omits nothing large: no dense table, the int8
+    groups and int4 forms on top of the projections' dense fallbacks)."""
+    from radixlm.planning.weight_estimate import (checkpoint_shapes, estimate_weights,
+                                                  gguf_int4_tensors, gguf_int8_tensors,
+                                                  module_bytes)
+
+    quant, _, cfg = models
+    path = gemma3_270m_path()
+    shapes, source, stored = checkpoint_shapes(path, cfg)
+    est = estimate_weights(shapes, cfg, 2, "int4", 1, source, stored, gguf_int4_tensors(path),
+                           "bfloat16", prepacked_head=True, int8_forms=gguf_int8_tensors(path))
+    real = module_bytes(quant)
+    assert abs(est.total_bytes - real) < 0.02 * real, (est.total_bytes, real, est.formats)
+
+
+def test_prompt_logits_close_to_bf16_load(models):
+    quant, dense, cfg = models
+    for ids in PROMPTS:
+        hq = PoolHarness(quant, cfg, max_requests=2, max_context=64, num_slots=128,
+                         kv_dtype=torch.bfloat16)
+        hd = PoolHarness(dense, cfg, max_requests=2, max_context=64, num_slots=128,
+                         kv_dtype=torch.bfloat16)
+        got = hq.extend([hq.new_request()], [ids], all_logits=True)
+        ref = hd.extend([hd.new_request()], [ids], all_logits=True)
+        assert rel_err(got, ref) < TOL
+
+
+def test_greedy_parity_with_bf16_load(models):
+    quant, dense, cfg = models
+    outs = []
+    for model in (quant, dense):
+        h = PoolHarness(model, cfg, max_requests=4, max_context=64, num_slots=256,
+                        kv_dtype=torch.bfloat16)
+        outs.append(h.greedy(PROMPTS, 16, stop_ids=[]))
+    assert outs[0] == outs[1]
