@@ -4,10 +4,11 @@
 # (in-process, its fastest dtype here), llama.cpp's `llama-server` at its defaults
 # (`--no-repack` only on AMX Xeons, which `radixlm bench serve` adds itself) and vLLM's CPU
 # backend. One `radixlm bench serve` per model starts radixlm and llama-server itself and
-# runs transformers beside them; vLLM is started here and measured with `--base-url`.
+# runs transformers beside them (their caches emptied between runs); vLLM is started here,
+# once per concurrency, and measured with `--base-url`.
 #
 #   scripts/bench_peers.sh                       # default model and Gemma 3 270M
-#   MODELS=default CONCURRENCY="1 8 32" scripts/bench_peers.sh
+#   MODELS=default CONCURRENCY="8 32" PEERS=vllm scripts/bench_peers.sh
 #
 # Set-up, once (never part of `make test`): scripts/build_llama_server.sh, and
 # ../shared/peers/setup_vllm_cpu.sh .peers (its model dir is the default GGUF in bf16);
@@ -24,6 +25,7 @@ MODELS=${MODELS:-"default gemma"}
 PEERS_DIR=${PEERS_DIR:-.peers}
 VLLM_PORT=${VLLM_PORT:-30123}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
+PEERS=${PEERS:-"radixlm vllm"}  # radixlm: radixlm + llama-server + transformers in one run
 mkdir -p "$(dirname "$OUT")"
 . scripts/quiet.sh
 machine_header
@@ -34,11 +36,13 @@ load() {  # the common load: random 128-token prompts, 64 output tokens, fixed s
     --output-file "$OUT"
 }
 
-vllm_run() {  # $1 = HF model dir, $2 = concurrency list; model_args: the same prompts' tokenizer
+vllm_run() {  # $1 = HF model dir, $2 = one concurrency; model_args: the same prompts' tokenizer
   if [ ! -x "$PEERS_DIR/vllm-venv/bin/vllm" ] || [ ! -f "$1/config.json" ]; then
     echo "== vLLM CPU: not set up ($PEERS_DIR/vllm-venv, $1): skipped"; return 0
   fi
-  echo "== vLLM CPU on $1"
+  # A fresh vLLM per concurrency: its prefix cache (on by default, no reset endpoint
+  # outside its dev mode) would otherwise serve the repeated prompts of the next run.
+  echo "== vLLM CPU on $1, concurrency $2"
   quiet
   PEERS_DIR="$PEERS_DIR" VLLM_MODEL_DIR="$1" setsid ../shared/peers/start_vllm_cpu.sh \
     "$VLLM_PORT" --served-model-name peer > bench_out/vllm_server.log 2>&1 &
@@ -67,7 +71,11 @@ for m in $MODELS; do
   echo "== $m: radixlm, llama-server, transformers; concurrency $conc"
   quiet
   # shellcheck disable=SC2046
-  $R bench serve "${model_args[@]}" $(load) --max-concurrency $conc \
-    --transformers-baseline auto
-  vllm_run "$hf" "$conc"
+  if [[ " $PEERS " == *" radixlm "* ]]; then
+    $R bench serve "${model_args[@]}" $(load) --max-concurrency $conc \
+      --transformers-baseline auto
+  fi
+  if [[ " $PEERS " == *" vllm "* ]]; then
+    for c in $conc; do vllm_run "$hf" "$c"; done
+  fi
 done
