@@ -26,13 +26,18 @@ def dequantize(data: np.ndarray, tensor_type: T, shape: tuple[int, ...]) -> torc
     """A GGUF tensor's raw data -> float32 tensor of `shape` (HF order: slowest first).
     F32 data is copied (the mmap is read-only); F16/BF16 and other types via gguf."""
     if tensor_type in _BLOCK_BYTES:
-        blocks = np.ascontiguousarray(data).reshape(-1, _BLOCK_BYTES[tensor_type])
-        if not blocks.flags.writeable:  # a view of the read-only mmap: torch wants a copy
-            blocks = blocks.copy()
-        raw = torch.from_numpy(blocks)
-        return _DEQUANT[tensor_type](raw).reshape(shape)
+        return _DEQUANT[tensor_type](raw_blocks(data, tensor_type)).reshape(shape)
     arr = gguf_dequantize(data, tensor_type).reshape(shape)
     return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
+
+
+def raw_blocks(data: np.ndarray, tensor_type: T) -> torch.Tensor:
+    """A tensor's raw bytes -> uint8 [blocks, block bytes] (copied when `data` is a view of
+    the read-only mmap: torch wants a writeable array)."""
+    blocks = np.ascontiguousarray(data).reshape(-1, _BLOCK_BYTES[tensor_type])
+    if not blocks.flags.writeable:
+        blocks = blocks.copy()
+    return torch.from_numpy(blocks)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -46,18 +51,30 @@ def _bits(b: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
     return (b.unsqueeze(-2) >> s) & mask
 
 
-def _q8_0(raw: torch.Tensor) -> torch.Tensor:
-    d = _f16(raw[:, :2])
-    return raw[:, 2:].contiguous().view(torch.int8).float() * d
+# `*_parts`: a block's integers and scales before the multiplication (the exact int4 /
+# int8 groups of gguf_int4.py / gguf_int8.py are these); `_q*` their float32 values.
+
+def q8_0_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> q int8 [n, 32], d [n, 1]: w = d * q."""
+    return raw[:, 2:].contiguous().view(torch.int8), _f16(raw[:, :2])
 
 
-def _q5_0(raw: torch.Tensor) -> torch.Tensor:
+def q5_0_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> q int8 [n, 32] (already minus 16), d [n, 1]: w = d * q."""
     n = raw.shape[0]
-    d = _f16(raw[:, :2])
     # Bit i of the little-endian uint32 qh = bit i % 8 of byte i // 8.
     qh = _bits(raw[:, 2:6], list(range(8)), 1).transpose(1, 2).reshape(n, 32)
     ql = _bits(raw[:, 6:], [0, 4], 0x0F).reshape(n, 32)
-    q = (ql | (qh << 4)).view(torch.int8) - 16
+    return (ql | (qh << 4)).view(torch.int8) - 16, _f16(raw[:, :2])
+
+
+def _q8_0(raw: torch.Tensor) -> torch.Tensor:
+    q, d = q8_0_parts(raw)
+    return q.float() * d
+
+
+def _q5_0(raw: torch.Tensor) -> torch.Tensor:
+    q, d = q5_0_parts(raw)
     return d * q.float()
 
 
@@ -79,12 +96,17 @@ def _k4_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return d, dm
 
 
-def _q4_k(raw: torch.Tensor) -> torch.Tensor:
+def q4_k_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> q uint8 [n, 8, 32] (0..15), d [n, 8, 1], dm [n, 8, 1]: w = d * q - dm."""
     n = raw.shape[0]
     d, dm = _k4_scales(raw)
     # [n, 4 chunks, 32] -> [n, 4, 2 (low, high), 32] -> 8 sub-blocks
-    q = _bits(raw[:, 16:].reshape(n, 4, 32), [0, 4], 0x0F).reshape(n, 8, 32).float()
-    return (d * q - dm).reshape(n, 256)
+    return _bits(raw[:, 16:].reshape(n, 4, 32), [0, 4], 0x0F).reshape(n, 8, 32), d, dm
+
+
+def _q4_k(raw: torch.Tensor) -> torch.Tensor:
+    q, d, dm = q4_k_parts(raw)
+    return (d * q.float() - dm).reshape(raw.shape[0], 256)
 
 
 def _q5_k(raw: torch.Tensor) -> torch.Tensor:
@@ -96,16 +118,21 @@ def _q5_k(raw: torch.Tensor) -> torch.Tensor:
     return (d * q - dm).reshape(n, 256)
 
 
-def _q6_k(raw: torch.Tensor) -> torch.Tensor:
+def q6_k_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> q int8 [n, 16, 16] (already minus 32), s [n, 16, 1] = d * sc: w = s * q."""
     n = raw.shape[0]
     scales = raw[:, 192:208].contiguous().view(torch.int8).float()
-    d = (_f16(raw[:, 208:210]) * scales).view(n, 16, 1)
+    s = (_f16(raw[:, 208:210]) * scales).view(n, 16, 1)
     # Low nibbles: two 64-byte halves, each [low 4 bits | high 4 bits] -> 4 x 32 weights
     # per half; high 2 bits: two 32-byte halves, shifts 0, 2, 4, 6 -> 4 x 32 per half.
     ql = _bits(raw[:, :128].reshape(n, 2, 64), [0, 4], 0x0F).reshape(n, 8, 32)
     qh = _bits(raw[:, 128:192].reshape(n, 2, 32), [0, 2, 4, 6], 0x03).reshape(n, 8, 32)
-    q = ((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16).float()
-    return (d * q).reshape(n, 256)
+    return ((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16), s
+
+
+def _q6_k(raw: torch.Tensor) -> torch.Tensor:
+    q, s = q6_k_parts(raw)
+    return (s * q.float()).reshape(raw.shape[0], 256)
 
 
 _DEQUANT = {T.Q8_0: _q8_0, T.Q5_0: _q5_0, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}

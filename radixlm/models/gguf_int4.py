@@ -27,17 +27,10 @@ def is_int4_type(tensor_type: GGMLQuantizationType) -> bool:
 
 
 def _q4_k_groups(data: np.ndarray, rows: int, cols: int) -> Int4Groups:
-    from radixlm.models.gguf_dequant import _bits, _k4_scales
+    from radixlm.models.gguf_dequant import q4_k_parts, raw_blocks
 
-    blocks = np.ascontiguousarray(data).reshape(-1, 144)
-    if not blocks.flags.writeable:
-        blocks = blocks.copy()
-    raw = torch.from_numpy(blocks)
-    n = raw.shape[0]
-    d, dm = _k4_scales(raw)  # [n, 8, 1] each: d * sc, dmin * mn
-    # [n, 4 chunks, 32] -> [n, 4, 2 (low, high), 32] -> sub-blocks 0..7 of 32
-    q = _bits(raw[:, 16:].reshape(n, 4, 32), [0, 4], 0x0F).reshape(rows, cols)
-    return Int4Groups(q.contiguous(), d.reshape(rows, cols // _BLOCK),
+    q, d, dm = q4_k_parts(raw_blocks(data, GGMLQuantizationType.Q4_K))  # d * sc, dmin * mn
+    return Int4Groups(q.reshape(rows, cols).contiguous(), d.reshape(rows, cols // _BLOCK),
                       (-dm).reshape(rows, cols // _BLOCK), _BLOCK)
 
 

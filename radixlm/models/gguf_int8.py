@@ -10,49 +10,28 @@ before the multiplication.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from gguf import GGMLQuantizationType as T
 
-from radixlm.models.gguf_dequant import _bits, _f16
+from radixlm.models.gguf_dequant import q5_0_parts, q6_k_parts, q8_0_parts, raw_blocks
 from radixlm.models.linear.int8_groups import Int8Groups
 
-_BLOCK_BYTES = {T.Q8_0: 34, T.Q5_0: 22, T.Q6_K: 210}
+# type -> (its blocks' integers and scales, weights per scale)
+_UNPACK = {T.Q8_0: (q8_0_parts, 32), T.Q5_0: (q5_0_parts, 32), T.Q6_K: (q6_k_parts, 16)}
 
 
 def is_int8_type(tensor_type: T) -> bool:
-    return tensor_type in _BLOCK_BYTES
+    return tensor_type in _UNPACK
 
 
-def _q8_0(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    return raw[:, 2:].contiguous().view(torch.int8), _f16(raw[:, :2]), 32
-
-
-def _q5_0(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    n = raw.shape[0]
-    qh = _bits(raw[:, 2:6], list(range(8)), 1).transpose(1, 2).reshape(n, 32)
-    ql = _bits(raw[:, 6:], [0, 4], 0x0F).reshape(n, 32)
-    return (ql | (qh << 4)).view(torch.int8) - 16, _f16(raw[:, :2]), 32
-
-
-def _q6_k(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    n = raw.shape[0]
-    scales = raw[:, 192:208].contiguous().view(torch.int8).float()
-    s = _f16(raw[:, 208:210]) * scales  # [n, 16]
-    ql = _bits(raw[:, :128].reshape(n, 2, 64), [0, 4], 0x0F).reshape(n, 8, 32)
-    qh = _bits(raw[:, 128:192].reshape(n, 2, 32), [0, 2, 4, 6], 0x03).reshape(n, 8, 32)
-    q = ((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 256)
-    return q, s, 16
-
-
-_UNPACK = {T.Q8_0: _q8_0, T.Q5_0: _q5_0, T.Q6_K: _q6_k}
+def int8_group_size(tensor_type: T) -> int:
+    """Weights per float32 scale in the Int8Groups of an int8 type."""
+    return _UNPACK[tensor_type][1]
 
 
 def int8_groups_from_blocks(data: np.ndarray, tensor_type: T, rows: int,
                             cols: int) -> Int8Groups:
     """`data`: the tensor's raw bytes, rows of `cols` weights (HF's input features)."""
-    blocks = np.ascontiguousarray(data).reshape(-1, _BLOCK_BYTES[tensor_type])
-    if not blocks.flags.writeable:
-        blocks = blocks.copy()
-    q, s, group = _UNPACK[tensor_type](torch.from_numpy(blocks))
+    q, s = _UNPACK[tensor_type][0](raw_blocks(data, tensor_type))
+    group = int8_group_size(tensor_type)
     return Int8Groups(q.reshape(rows, cols).contiguous(),
                       s.reshape(rows, cols // group).float().contiguous(), group)

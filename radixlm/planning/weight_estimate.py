@@ -189,9 +189,7 @@ def gguf_int8_tensors(path: str) -> dict[str, float]:
     """HF name -> bytes a weight of its int8 groups, for a GGUF's Q8_0/Q5_0/Q6_K
     projections, and embedding / lm_head of a large vocabulary (`INT8_HEAD_MIN_ROWS`): what
     `--quantization auto` keeps as int8."""
-    from gguf import GGMLQuantizationType as T
-
-    from radixlm.models.gguf_int8 import is_int8_type
+    from radixlm.models.gguf_int8 import int8_group_size, is_int8_type
     from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
     from radixlm.models.linear.policy import INT8_HEAD_MIN_ROWS
 
@@ -205,7 +203,7 @@ def gguf_int8_tensors(path: str) -> dict[str, float]:
         rows = int(t.shape[-1])  # GGUF lists dims fastest-first
         if name.endswith(_LINEAR_WEIGHTS) or (name.endswith(_VOCAB_PARALLEL)
                                               and rows >= INT8_HEAD_MIN_ROWS):
-            out[name] = 1 + 4 / (16 if t.tensor_type == T.Q6_K else 32)
+            out[name] = 1 + 4 / int8_group_size(t.tensor_type)
     return out
 
 
