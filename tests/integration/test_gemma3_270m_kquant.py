@@ -7,6 +7,9 @@ greedy tokens equal on the parity prompts."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -23,6 +26,19 @@ pytestmark = [pytest.mark.slow, requires_gemma3_270m]
 PROMPTS = [[2, 818, 5279, 529, 7001, 563], [2, 2063, 18101, 236769, 236749, 1473],
            [2, 12400, 3324, 496, 990, 236764, 528, 496, 2606, 2793, 3121]]
 TOL = 0.03  # relative max error of the prompt logits (int4 kernel scales in bf16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_metadata_parse() -> Iterator[None]:
+    """Speed-up only: the two loads and the planner's three readers share one parsed
+    GGUF (the metadata holds a 262k-token vocabulary: seconds a parse) instead of seven."""
+    from radixlm.models import gguf_loader, loader
+
+    cached = functools.cache(gguf_loader.open_gguf)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_loader, "open_gguf", cached)
+        mp.setattr(loader, "open_gguf", cached)
+        yield
 
 
 @pytest.fixture(scope="module")
