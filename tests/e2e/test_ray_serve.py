@@ -1,10 +1,12 @@
 """radixlm on Ray Serve (radixlm/ray/): a local Ray cluster (2 CPUs, object store capped)
 running two applications of 2 replicas of the default model side by side, one routed by
 radixlm's cache-aware policy, one by Ray's default power-of-two router, and a single
-`radixlm serve` to compare answers with. Same shared-prefix workload through both apps:
-each prefix group lands on one replica (>= 90%), both replicas work, the cache-aware hit
-rate is clearly above the default router's; greedy answers equal the single server's; a
-replica killed mid-load is replaced by Serve and no request hangs or goes unanswered."""
+`radixlm serve` to compare answers with (the session's shared default-model server of
+tests/e2e/conftest.py: greedy answers do not depend on its pool flags). Same
+shared-prefix workload through both apps: each prefix group lands on one replica (>= 90%),
+both replicas work, the cache-aware hit rate is clearly above the default router's;
+greedy answers equal the single server's; a replica killed mid-load is replaced by Serve
+and no request hangs or goes unanswered."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from radixlm.ray.application import build_app  # noqa: E402
 from radixlm.ray.config import RayServeArgs  # noqa: E402
 from radixlm.ray.routed_request import REPLICA_HEADER  # noqa: E402
 from tests.process_tree import free_port  # noqa: E402
-from tests.server_harness import running_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def engine_replicas(app: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def deployment():
+def deployment(default_server: str):
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
              log_to_driver=False)
     try:
@@ -58,12 +59,11 @@ def deployment():
             num_replicas=2, num_cpus_per_replica=0.5, request_router=router,
             routing_stats_period_s=1.0), ENGINE), name=name, route_prefix=f"/{name}")
             for name, router in APPS.items()], wait_for_applications_running=False)
-        with running_server(None, "--device-memory", "2GiB", "--max-total-tokens", "4096") as single:
-            deadline = time.monotonic() + 400
-            while not apps_running(list(APPS)):
-                assert time.monotonic() < deadline, serve.status()
-                time.sleep(1)
-            yield {"base": f"http://127.0.0.1:{port}", "single": single.url}
+        deadline = time.monotonic() + 400
+        while not apps_running(list(APPS)):
+            assert time.monotonic() < deadline, serve.status()
+            time.sleep(1)
+        yield {"base": f"http://127.0.0.1:{port}", "single": default_server}
     finally:
         serve.shutdown()
         ray.shutdown()

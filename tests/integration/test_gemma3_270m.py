@@ -2,16 +2,24 @@
 transformers' own GGUF loader, both in float32 on the CPU: prompt logits of every
 position within 1e-3 (one prompt longer than the 512-token window of the local layers),
 32 greedy tokens equal, and the same through the Engine (scheduler, radix cache, chunked
-prefill) with the pool invariant checked. Loaded once per module (~35 s together)."""
+prefill) with the pool invariant checked. Loaded once per module (~35 s together).
+
+The prompts are tokenized by radixlm's load_tokenizer: transformers' own GGUF tokenizer
+conversion, saved once under the cache directory (the Engine below and the e2e server
+load the same saved copy). Only the ids reach the models, so the reference stays
+independent: transformers' GGUF loader dequantizes the weights (gguf.quants) and runs its
+own Gemma 3; only the metadata parse is shared (one fast reader, see `hf`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import torch
 
 from radixlm.models import load_model
+from radixlm.models.gguf_loader import _FastGGUFReader
 from tests.conftest import gemma3_270m_path, requires_gemma3_270m
 from tests.conftest_models import PoolHarness, rel_err
 from tests.engine_checks import assert_all_slots_back
@@ -32,12 +40,25 @@ def gguf() -> str:
 
 @pytest.fixture(scope="module")
 def hf(gguf):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import gguf as gguf_pkg
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.tokenizer.loader import load_tokenizer
 
     d, f = os.path.split(gguf)
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    return tok, model
+    # Speed-ups only (same arrays, as in test_default_model.py): transformers parses the
+    # metadata (a 262k-token vocabulary) with the stock reader twice for the model and once
+    # more for a tokenizer conversion (~25 s each on 2 loaded cores); here at most once,
+    # with the reader that skips the per-value memmap slices (~7 s). The dequantization
+    # (gguf.quants) and the model stay transformers'.
+    reader = functools.cache(lambda path: _FastGGUFReader(path, "r"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_pkg, "GGUFReader", reader)
+        mp.setattr(gguf_pkg, "get_tensor_name_map",
+                   functools.cache(gguf_pkg.get_tensor_name_map))
+        tok = load_tokenizer(gguf)  # a conversion on a cold cache parses with it too
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    return tok, model.eval()
 
 
 @pytest.fixture(scope="module")
