@@ -6,8 +6,9 @@ form: q * s is exact in float32 (at most 24 significant bits), so `dequantize()`
 `gguf` package's dequantization bit for bit. The method computes with the C++ kernel
 `cpu_kernels/int8_groups.cpp` for calls of at most `max_m` rows: the activations
 quantized per group to int8 at run time (scale max|x| / 127, as llama.cpp's Q8_0 x Q8_0),
-int32 dot products per group, one read of the weight per call; larger calls go to `fallback`, a dense method holding the same
-values (the policy always gives one), or, built without one, the groups dequantized
+int32 dot products per group, one read of the weight per call; larger calls go to
+`fallback`, a dense method holding the same values (the policy always gives one), or,
+built without one, the groups dequantized
 `_CHUNK_ROWS` rows at a time into a transient bf16 block. A tied embedding reads its rows
 from the same groups (`lookup`), equal to the dense lookup.
 """
