@@ -3,7 +3,7 @@ products): against a float64 reference of the dequantized weights times the quan
 activations (tight: only the float32 scaling and summation round), and against the
 unquantized activations (the quantization's error, stated bound), for M = 1..8 (the
 speculative verify's rows) and more, G = 16 and 32, odd group counts, N not a multiple of
-16, float32 and bfloat16 inputs."""
+16, float32 and bfloat16 inputs; the AVX2 and scalar paths built and checked the same way."""
 
 from __future__ import annotations
 
@@ -74,3 +74,32 @@ def test_rejects_other_group_sizes():
     groups, x = _case(16, 128, 1, 32, seed=0)
     with pytest.raises(RuntimeError):
         kernel.int8_group_matmul(x, groups.q, groups.s.view(16, -1)[:, :2].contiguous(), 64)
+
+
+@pytest.mark.parametrize("path,flags", [(1, ["-mno-avx512f"]), (0, ["-mno-avx2", "-mno-avx512f"])],
+                         ids=["avx2", "scalar"])
+def test_avx2_and_scalar_builds_match_the_reference(path: int, flags: list[str], tmp_path):
+    """The machines without AVX512-VNNI compile these paths (built here with the AVX-512
+    instructions switched off, one g++ run each)."""
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+
+    from radixlm.cpu_kernels import build
+
+    source = Path(build.__file__).with_name("int8_groups.cpp")
+    try:
+        mod = load(name=f"radixlm_int8_groups_path{path}", sources=[str(source)],
+                   extra_cflags=[*build.CFLAGS, *flags, f"-DRADIXLM_INT8_GROUPS_PATH={path}"],
+                   extra_ldflags=["-fopenmp"], build_directory=str(tmp_path))
+    except Exception as e:  # noqa: BLE001 - no compiler here: nothing to check
+        pytest.skip(f"could not build: {e}")
+    assert mod.path() == path
+    for group, (n, k) in [(16, (37, 80)), (32, (17, 96)), (32, (40, 640))]:
+        for m in (1, 5, 8, 9):
+            groups, x = _case(n, k, m, group, seed=m + k)
+            got = mod.int8_group_matmul(x.bfloat16(), groups.q, groups.s, group)
+            a, d = mod.quantize_activations(x.bfloat16().float(), group)
+            xq = (a.double().view(m, -1, group) * d.double().unsqueeze(-1)).view(m, k)
+            want = xq @ _w64(groups).t()
+            assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
