@@ -4,9 +4,11 @@
 GGUF's Q8_0 (groups of 32), Q5_0 (32, q - 16) and Q6_K (16, s = d * sc) are exactly this
 form: q * s is exact in float32 (at most 24 significant bits), so `dequantize()` is the
 `gguf` package's dequantization bit for bit. The method computes with the C++ kernel
-`cpu_kernels/int8_groups.cpp` (float32 sums, one read of the weight per call) for calls of
-at most `max_m` rows; larger calls go to `fallback`, a dense method holding the same
-values (the policy always gives one), or, built without one, the groups dequantized
+`cpu_kernels/int8_groups.cpp` for calls of at most `max_m` rows: the activations
+quantized per group to int8 at run time (scale max|x| / 127, as llama.cpp's Q8_0 x Q8_0),
+int32 dot products per group, one read of the weight per call; larger calls go to
+`fallback`, a dense method holding the same values (the policy always gives one), or,
+built without one, the groups dequantized
 `_CHUNK_ROWS` rows at a time into a transient bf16 block. A tied embedding reads its rows
 from the same groups (`lookup`), equal to the dense lookup.
 """
@@ -100,8 +102,9 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
         return Int8Groups(self.q, self.s, self.group_size)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._kernel.int8_group_matmul(x.float().contiguous(), self.q, self.s,
-                                           self.group_size)
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        y = self._kernel.int8_group_matmul(x.contiguous(), self.q, self.s, self.group_size)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _chunked(self, x: torch.Tensor) -> torch.Tensor:
