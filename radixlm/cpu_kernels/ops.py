@@ -64,6 +64,8 @@ def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window=0
 def eager_kernels(x: torch.Tensor) -> ModuleType | None:
     """The norm/RoPE kernels (`norm_rope.cpp`) when they apply to x: a 2-D CPU tensor in
     an eager forward, the kernels built; else None (use the torch code)."""
-    if x.device.type != "cpu" or x.dim() != 2 or torch.compiler.is_compiling():
+    # Called several times per layer: is_compiling() first (x's attributes stay out of a
+    # traced graph), then `is_cpu` (a flag; `x.device` builds a device object per call).
+    if torch.compiler.is_compiling() or not x.is_cpu or x.dim() != 2:
         return None
     return load_kernel("norm_rope")

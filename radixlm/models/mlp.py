@@ -33,10 +33,11 @@ class GatedMLP(nn.Module):
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        # .forward, not __call__: see models/decoder.py's docstring.
+        gate_up = self.gate_up_proj.forward(x)
         kernels = None if self.gelu else eager_kernels(gate_up)
         if kernels is not None:
-            return self.down_proj(kernels.silu_mul(gate_up))
+            return self.down_proj.forward(kernels.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        return self.down_proj.forward(act * up)

@@ -18,7 +18,7 @@ More: docs/models.md, "models/parallel_layers.py".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,16 +75,19 @@ class _ShardedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_local, in_local))
         self.bias = nn.Parameter(torch.empty(bias_size)) if bias_size is not None else None
         self.method: LinearMethod | None = None
+        # method.forward as a plain attribute: a submodule's lookup goes through
+        # nn.Module.__getattr__ (121 GEMMs per decode step).
+        self.method_forward: Callable[..., torch.Tensor] | None = None
         self._int4: dict[str | None, Int4Groups | None] = {}
         self._int8: dict[str | None, Int8Groups | None] = {}
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        method = self.method
-        if method is None:
+        forward = self.method_forward
+        if forward is None:
             return F.linear(x, self.weight, bias)
         # .forward, not __call__: methods have no hooks, and nn.Module's call path costs
         # a few microseconds x 121 GEMMs per step.
-        return method.forward(x, bias)
+        return forward(x, bias)
 
     def _int4_weight(self) -> Int4Groups | None:
         """The whole local weight's int4 groups, or None unless every piece had them."""
@@ -101,6 +104,7 @@ class _ShardedLinear(nn.Module):
             return
         self.method = make_linear_method(self.weight.data, self._int4_weight(), policy,
                                          int8=self._int8_weight())
+        self.method_forward = self.method.forward
         self._int4, self._int8 = {}, {}
         self.weight = None
 

@@ -20,9 +20,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernels = eager_kernels(x)
-        if kernels is not None and self.weight.dtype == x.dtype:
-            return kernels.rms_norm(x, self.weight, self.eps)
+        kernels, weight = eager_kernels(x), self.weight
+        if kernels is not None and weight.dtype == x.dtype:
+            return kernels.rms_norm(x, weight, self.eps)
         dtype = x.dtype
         x32 = x.to(torch.float32)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -33,12 +33,13 @@ class RMSNorm(nn.Module):
                     delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual + delta, its RMSNorm): a pre-norm block's residual add and the next
         block's input norm, in one pass where the kernel applies."""
-        kernels = eager_kernels(residual)
-        if kernels is not None and self.weight.dtype == residual.dtype == delta.dtype:
-            summed, normed = kernels.add_rms_norm(residual, delta, self.weight, self.eps)
+        # (`weight` read once: a Parameter's lookup goes through nn.Module.__getattr__)
+        kernels, weight = eager_kernels(residual), self.weight
+        if kernels is not None and weight.dtype == residual.dtype == delta.dtype:
+            summed, normed = kernels.add_rms_norm(residual, delta, weight, self.eps)
             return summed, normed
         summed = residual + delta
-        return summed, self(summed)
+        return summed, self.forward(summed)
 
 
 class GemmaRMSNorm(nn.Module):
