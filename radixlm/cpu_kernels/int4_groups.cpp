@@ -382,13 +382,17 @@ void run(const Rows& X, int64_t M, int64_t N, const uint8_t* wp, const S* dp, co
          Out* yp) {
   const int64_t K = X.K, ng = X.ng;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    float out[kRowBlock];
+    // Results gathered per thread, n-major, then written row by row: y's column writes
+    // (stride N) would alias in L1 at N a multiple of 2048 (several times slower at M 8).
+    std::vector<float> buf((end - begin) * M);
     for (int64_t n = begin; n < end; ++n) {
+      float* out_n = buf.data() + (n - begin) * M;
       const uint8_t* w = wp + n * (K / 2);
       const S* dr = dp + n * ng;
       const S* mr = mp + n * ng;
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         const int64_t mb = std::min<int64_t>(kRowBlock, M - m0);
+        float* out = out_n + m0;
         switch (mb) {
           case 8: row_dot<8>(X, m0, w, dr, mr, out); break;
           case 7: row_dot<7>(X, m0, w, dr, mr, out); break;
@@ -399,9 +403,11 @@ void run(const Rows& X, int64_t M, int64_t N, const uint8_t* wp, const S* dp, co
           case 2: row_dot<2>(X, m0, w, dr, mr, out); break;
           default: row_dot<1>(X, m0, w, dr, mr, out); break;
         }
-        for (int64_t i = 0; i < mb; ++i) yp[(m0 + i) * N + n] = static_cast<Out>(out[i]);
       }
     }
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t n = begin; n < end; ++n)
+        yp[i * N + n] = static_cast<Out>(buf[(n - begin) * M + i]);
   });
 }
 
