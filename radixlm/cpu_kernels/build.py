@@ -66,11 +66,6 @@ def _disabled(name: str) -> bool:
     return disabled == "1" or name in disabled.split(",")
 
 
-def kernel_enabled(name: str) -> bool:
-    """Whether `name` may be used (not switched off by RADIXLM_DISABLE_CPU_KERNELS)."""
-    return not _disabled(name)
-
-
 @functools.cache
 def load_kernel(name: str) -> ModuleType | None:
     """The extension built from `<name>.cpp` next to this file, or None (logged)."""

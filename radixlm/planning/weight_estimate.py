@@ -172,21 +172,17 @@ def gguf_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], int]:
     return shapes, stored
 
 
-def gguf_int4_tensors(path: str) -> dict[str, int]:
-    """HF name -> bytes of each of its d and m values in the int4_groups kernel's form, for
-    a GGUF's Q4_0/Q4_1 (2: float16) and Q4_K (4: d * sc is not a float16) projection
-    weights (what `--quantization auto` keeps as int4)."""
-    from gguf import GGMLQuantizationType
-
+def gguf_int4_tensors(path: str) -> frozenset[str]:
+    """HF names of a GGUF's Q4_0/Q4_1 projection weights (what `--quantization auto` keeps
+    as int4)."""
     from radixlm.models.gguf_int4 import is_int4_type
     from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
 
     reader = open_gguf(path)
     arch = gguf_architecture(reader)
-    return {hf_name(t.name, arch): 4 if t.tensor_type == GGMLQuantizationType.Q4_K else 2
-            for t in reader.tensors
-            if t.name != "rope_freqs.weight" and is_int4_type(t.tensor_type)
-            and hf_name(t.name, arch).endswith(_LINEAR_WEIGHTS)}
+    return frozenset(hf_name(t.name, arch) for t in reader.tensors
+                     if t.name != "rope_freqs.weight" and is_int4_type(t.tensor_type)
+                     and hf_name(t.name, arch).endswith(_LINEAR_WEIGHTS))
 
 
 def gguf_int8_tensors(path: str) -> dict[str, float]:
@@ -233,8 +229,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype_bytes: int,
                      quantization: str = "none", tp: int = 1, source: str = "config",
-                     on_disk_bytes: int | None = None,
-                     int4_names: frozenset[str] | dict[str, int] = frozenset(),
+                     on_disk_bytes: int | None = None, int4_names: frozenset[str] = frozenset(),
                      dtype_name: str = "", prepacked_head: bool = False,
                      int8_forms: dict[str, float] | None = None) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
@@ -282,8 +277,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         if name.endswith(_LINEAR_WEIGHTS):
             linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
             if quantization == "int4" and name in int4_names:
-                scale_bytes = int4_names[name] if isinstance(int4_names, dict) else 2
-                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes, scale_bytes=scale_bytes))
+                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes))
             elif name in int8_forms:
                 int8 += int(per_rank * int8_forms[name])
         else:

@@ -129,7 +129,7 @@ def test_linear_method_uses_kernel_and_keeps_the_weights_exact() -> None:
     g = torch.Generator().manual_seed(3)
     groups = _groups(40, 576, g)
     dense = DenseLinear(groups.dequantize().bfloat16())
-    lin = Int4GroupwiseLinear(groups, dense, max_m=8)
+    lin = Int4GroupwiseLinear(groups, dense, max_m=8, use_blocks=True)
     assert lin._kernel is not None and not hasattr(lin, "kernel_weight")
     assert torch.equal(lin.dequantized_weight(), groups.dequantize())
     assert lin.kernel_bytes() == 40 * 576 // 2 + 2 * 40 * 18 * 2  # nibbles + half d, m
@@ -167,3 +167,15 @@ def test_narrower_paths(path: int) -> None:
         for dtype in (torch.float32, torch.bfloat16):
             _check(mod, dtype, m, n, k, seed=path * 100 + m)
     _check(mod, torch.float32, 4, 40, 576, seed=9, half=False)
+
+
+@needs_kernel
+def test_policy_uses_the_kernel_only_when_asked() -> None:
+    from radixlm.models.linear.int4 import Int4GroupwiseLinear
+    from radixlm.models.linear.policy import LinearPolicy, make_linear_method
+
+    groups = _groups(40, 64, torch.Generator().manual_seed(4))  # 40 rows: not aten's 16s
+    w = groups.dequantize().bfloat16()
+    assert not isinstance(make_linear_method(w, groups, LinearPolicy("auto")), Int4GroupwiseLinear)
+    on = make_linear_method(w, groups, LinearPolicy("auto", int4_int8_activations=True))
+    assert isinstance(on, Int4GroupwiseLinear) and on._kernel is not None
