@@ -2,17 +2,17 @@
 
 With `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
 moved the default model's greedy tokens, docs/benchmarks.md), kept once for the C++
-kernel `cpu_kernels/int4_groups.cpp`: its
-block layout (`int4_blocks.py`; d and m in float16 when exact, else float32), which the
-kernel reads with x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1: a
-small activation rounding, float32 sums). Otherwise (the default), kept twice, both exact: the
-canonical groups (q packed two per byte, d and m in float32) and the form of PyTorch's
-CPU int4 kernel (`aten._convert_weight_to_int4pack_for_cpu` /
-`_weight_int4pack_mm_for_cpu`), which computes w = (q - 8) * scale + zero with the
-scales and zeros in the activation dtype: scale = d, zero = m + 8 d. The kernel runs on
-bfloat16 activations only (its float32 path is a slow reference); calls of more than
-`max_m` rows take the dense fallback (`SmallBatchQuantized`). Either way
-`dequantized_weight()` gives the checkpoint's values bit for bit.
+kernel `cpu_kernels/int4_groups.cpp`: its block layout (`int4_blocks.py`; d and m in
+float16 when exact, else float32), read with x quantized to int8 per group of 32 (as
+llama.cpp's Q4_1 x Q8_1: a small activation rounding, float32 sums). Otherwise (the
+default), kept twice, both exact: the canonical groups (q packed two per byte, d and m
+in float32) and the form of PyTorch's CPU int4 kernel
+(`aten._convert_weight_to_int4pack_for_cpu` / `_weight_int4pack_mm_for_cpu`), which
+computes w = (q - 8) * scale + zero with the scales and zeros in the activation dtype:
+scale = d, zero = m + 8 d. That kernel runs on bfloat16 activations only (its float32
+path is a slow reference). Calls of more than `max_m` rows take the dense fallback
+(`SmallBatchQuantized`). Either way `dequantized_weight()` gives the checkpoint's values
+bit for bit.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         self.act_dtype = act_dtype
         kernel = int4_blocks_kernel() if use_blocks else None
         if use_blocks and (kernel is None or groups.group_size != 32):
-            raise RuntimeError("the int4_groups kernel is not built here or the groups are not of 32")
+            raise RuntimeError("use_blocks: the int4_groups kernel is not built here, or the "
+                               "groups are not of 32")
         self._kernel = kernel
         if self._kernel is not None:
             self.register_buffer("q_blocks", pack_blocks(groups.q), persistent=False)
