@@ -77,6 +77,11 @@ class ServerArgs:
     disable_weight_prepack: bool = _opt(
         False, "Run dense linear layers through F.linear instead of weights prepacked once "
         "for oneDNN (CPU; for comparisons: prepacked is faster).")
+    int4_int8_activations: bool = _opt(
+        False, "With --quantization auto: int4 decode calls on radixlm's own C++ kernel, "
+        "activations quantized to int8 per group of 32 as llama.cpp does (~1.3x faster at "
+        "one row, one copy of the int4 weights) instead of PyTorch's int4 kernel on bf16 "
+        "activations (larger logit error on the default model: docs/benchmarks.md).")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
     chunked_prefill_size: int | None = _opt(
         None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "

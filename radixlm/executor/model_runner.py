@@ -83,6 +83,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.linear_policy = LinearPolicy(
             quantization=args.quantization, prepack=not args.disable_weight_prepack,
+            int4_int8_activations=args.int4_int8_activations,
             # Deterministic inference: every GEMM on fixed row tiles (docs/deterministic.md);
             # no quantized kernels (they switch by batch size).
             gemm=BatchInvariantOps().linear if args.enable_deterministic_inference else None)

@@ -1,18 +1,25 @@
 """Int4GroupwiseLinear: 4-bit weights in groups of 32 along the input features.
 
-Kept twice, both exact: the canonical groups (q packed two per byte, d and m in float32;
-`dequantized_weight()` gives the checkpoint's values bit for bit) and the form of
-PyTorch's CPU int4 kernel (`aten._convert_weight_to_int4pack_for_cpu` /
-`_weight_int4pack_mm_for_cpu`), which computes w = (q - 8) * scale + zero with the
-scales and zeros in the activation dtype: scale = d, zero = m + 8 d. The kernel runs on
-bfloat16 activations only (its float32 path is a slow reference); calls of more than
-`max_m` rows take the dense fallback (`SmallBatchQuantized`).
+With `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
+moved the default model's greedy tokens, docs/benchmarks.md), kept once for the C++
+kernel `cpu_kernels/int4_groups.cpp`: its block layout (`int4_blocks.py`; d and m in
+float16 when exact, else float32), read with x quantized to int8 per group of 32 (as
+llama.cpp's Q4_1 x Q8_1: a small activation rounding, float32 sums). Otherwise (the
+default), kept twice, both exact: the canonical groups (q packed two per byte, d and m
+in float32) and the form of PyTorch's CPU int4 kernel
+(`aten._convert_weight_to_int4pack_for_cpu` / `_weight_int4pack_mm_for_cpu`), which
+computes w = (q - 8) * scale + zero with the scales and zeros in the activation dtype:
+scale = d, zero = m + 8 d. That kernel runs on bfloat16 activations only (its float32
+path is a slow reference). Calls of more than `max_m` rows take the dense fallback
+(`SmallBatchQuantized`). Either way `dequantized_weight()` gives the checkpoint's values
+bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
+from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 
@@ -20,10 +27,35 @@ from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 KERNEL_ROW_MULTIPLE = 16
 
 
-def int4_bytes_per_weight(act_bytes: int, group_size: int = 32) -> float:
-    """What Int4GroupwiseLinear keeps per weight (its dense fallback not included): the
-    canonical nibbles (0.5) and float32 d, m, the kernel's nibbles (0.5) and its
-    scale/zero pair in the activation dtype."""
+def int4_blocks_kernel():
+    """The int4_groups C++ kernel module, or None (not built: aten's int4pack kernel)."""
+    from radixlm.cpu_kernels.build import load_kernel
+
+    return load_kernel("int4_groups")
+
+
+@torch.library.custom_op("radixlm::int4_group_matmul", mutates_args=(), device_types="cpu")
+def int4_group_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor,
+                      m: torch.Tensor) -> torch.Tensor:
+    """The int4_groups kernel as an op compiled decode graphs can hold (eager calls go to
+    the kernel straight: no op dispatch)."""
+    return int4_blocks_kernel().int4_group_matmul(x, w, d, m)
+
+
+@int4_group_matmul.register_fake
+def _(x, w, d, m):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+def int4_bytes_per_weight(act_bytes: int, group_size: int = 32, blocks: bool = False,
+                          scale_bytes: int = 2) -> float:
+    """What Int4GroupwiseLinear keeps per weight (its dense fallback not included). With
+    the int4_groups kernel (`blocks`, opt-in: `LinearPolicy.int4_int8_activations`): the
+    nibbles (0.5) and d, m of `scale_bytes` each (2: GGUF's Q4_0/Q4_1 halves; Q4_K's
+    d * sc needs 4). Without: the canonical nibbles (0.5) and float32 d, m, aten's
+    kernel's nibbles (0.5) and its scale/zero pair in the activation dtype."""
+    if blocks:
+        return 0.5 + 2 * scale_bytes / group_size
     return 0.5 + 8 / group_size + 0.5 + 2 * act_bytes / group_size
 
 
@@ -31,7 +63,11 @@ def int4_kernel_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
-def int4_kernel_fits(groups: Int4Groups) -> bool:
+def int4_kernel_fits(groups: Int4Groups, blocks: bool = False) -> bool:
+    """Can the layer's small calls run on a kernel: the int4_groups kernel (`blocks`) takes
+    any row count at groups of 32, aten's int4pack whole blocks of 16 rows."""
+    if blocks:
+        return groups.group_size == 32
     return groups.shape[0] % KERNEL_ROW_MULTIPLE == 0
 
 
@@ -48,10 +84,22 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
     format = "int4 groupwise"
 
     def __init__(self, groups: Int4Groups, fallback: LinearMethod, max_m: int,
-                 act_dtype: torch.dtype = torch.bfloat16) -> None:
+                 act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False) -> None:
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
+        self.act_dtype = act_dtype
+        kernel = int4_blocks_kernel() if use_blocks else None
+        if use_blocks and (kernel is None or groups.group_size != 32):
+            raise RuntimeError("use_blocks: the int4_groups kernel is not built here, or the "
+                               "groups are not of 32")
+        self._kernel = kernel
+        if self._kernel is not None:
+            self.register_buffer("q_blocks", pack_blocks(groups.q), persistent=False)
+            d, m = compact_scales(groups.d, groups.m)
+            self.register_buffer("d", d, persistent=False)
+            self.register_buffer("m", m, persistent=False)
+            return
         self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
         self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
         self.register_buffer("m", groups.m.float().contiguous(), persistent=False)
@@ -62,9 +110,12 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         self.register_buffer("kernel_scale_zeros", torch.stack(
             [groups.d.float().t(), zero.t()], dim=-1).to(act_dtype).contiguous(),
             persistent=False)
-        self.act_dtype = act_dtype
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernel is not None:
+            if torch.compiler.is_compiling():
+                return torch.ops.radixlm.int4_group_matmul(x, self.q_blocks, self.d, self.m)
+            return self._kernel.int4_group_matmul(x, self.q_blocks, self.d, self.m)
         # (dtype checks, not no-op .to() calls: ~1.5 us each, 240 per decode step)
         xa = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -72,10 +123,14 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def kernel_bytes(self) -> int:
-        return sum(t.numel() * t.element_size()
-                   for t in (self.kernel_weight, self.kernel_scale_zeros))
+        held = ((self.q_blocks, self.d, self.m) if self._kernel is not None
+                else (self.kernel_weight, self.kernel_scale_zeros))
+        return sum(t.numel() * t.element_size() for t in held)
 
     def groups(self) -> Int4Groups:
+        if self._kernel is not None:
+            return Int4Groups(unpack_blocks(self.q_blocks), self.d.float(), self.m.float(),
+                              self.group_size)
         return Int4Groups(unpack_nibbles(self.q_packed), self.d, self.m, self.group_size)
 
     def dequantized_weight(self) -> torch.Tensor:

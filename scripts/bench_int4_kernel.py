@@ -1,0 +1,101 @@
+"""Side by side in one process: the int4_groups C++ kernel (int8 activations), aten's
+int4pack kernel and the dense bf16 fallback (oneDNN prepacked), on SmolLM2-135M's
+projection shapes, for calls of M rows (bf16 activations, as the engine sends).
+
+    PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_int4_kernel.py \
+        [--rows 1 2 4 8 16] [--threads 1 2] [--seconds 0.3]
+
+Prints per shape, M and thread count the best microseconds per call (the methods timed
+in turn) and the bytes of weight each method reads per call over that time (GB/s), and
+a "layer" line: the sum of
+the four projections of one decoder layer (x 30 layers: the int4 share of a decode step).
+Random Q4_1-like weights (float16 d, m); the timings do not depend on the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from radixlm.models.linear.int4 import Int4GroupwiseLinear
+from radixlm.models.linear.int4_groups import Int4Groups
+from radixlm.models.linear.method import PrepackedLinear
+
+# SmolLM2-135M: hidden 576, 9 heads / 3 KV heads of 64, intermediate 1536; the model fuses
+# q|k|v (960 rows) and gate|up (3072 rows).
+SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576),
+          "down_proj": (576, 1536)}
+
+
+def _groups(n: int, k: int, g: torch.Generator) -> Int4Groups:
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3).half().float()
+    m = (-8 * d).half().float()
+    return Int4Groups(q, d, m)
+
+
+def _time_side_by_side(fns: list, x: torch.Tensor, seconds: float) -> list[float]:
+    """Per fn, the best microseconds of one call (batches of 10 calls, the fns taken in
+    turn so that each sees the same load; the best batch is the least disturbed one on a
+    shared machine)."""
+    for fn in fns:
+        for _ in range(20):
+            fn(x)
+    best = [float("inf")] * len(fns)
+    end = time.perf_counter() + seconds
+    rounds = 0
+    while time.perf_counter() < end or rounds < 5:
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                fn(x)
+            best[i] = min(best[i], (time.perf_counter() - t0) / 10 * 1e6)
+        rounds += 1
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--seconds", type=float, default=0.3)
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(0)
+    methods: dict[str, dict[str, object]] = {}
+    for name, (n, k) in SHAPES.items():
+        groups = _groups(n, k, g)
+        dense = PrepackedLinear(groups.dequantize().bfloat16())
+        new = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_blocks=True)
+        aten = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_blocks=False)
+        methods[name] = {
+            "int4_groups": (new.small, new.kernel_bytes()),
+            "aten int4pack": (aten.small, aten.kernel_bytes()),
+            "dense bf16": (dense.forward, n * k * 2),
+        }
+    print(f"{'threads':>7} {'M':>3} {'shape':>13} " + "".join(
+        f"{m:>22}" for m in ("int4_groups", "aten int4pack", "dense bf16")) + "   new/aten new/dense")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for rows in args.rows:
+            total = {m: 0.0 for m in ("int4_groups", "aten int4pack", "dense bf16")}
+            for name, (n, k) in SHAPES.items():
+                x = torch.randn(rows, k, generator=g).bfloat16()
+                meths = methods[name]
+                times = _time_side_by_side([fn for fn, _ in meths.values()], x, args.seconds)
+                cells = []
+                for (meth, (_, nbytes)), us in zip(meths.items(), times):
+                    total[meth] += us
+                    cells.append(f"{us:9.1f} us {nbytes / us / 1e3:6.1f} GB/s")
+                us_new, us_aten, us_dense = (float(c.split()[0]) for c in cells)
+                print(f"{threads:>7} {rows:>3} {name:>13} " + "".join(f"{c:>22}" for c in cells)
+                      + f"   {us_aten / us_new:8.2f} {us_dense / us_new:9.2f}")
+            print(f"{threads:>7} {rows:>3} {'layer':>13} " + "".join(
+                f"{total[m]:9.1f} us {'':>12}" for m in total)
+                + f"   {total['aten int4pack'] / total['int4_groups']:8.2f}"
+                f" {total['dense bf16'] / total['int4_groups']:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
