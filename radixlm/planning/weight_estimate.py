@@ -57,6 +57,9 @@ class WeightEstimate:
     int4_bytes: int = 0  # int4 forms of projections (their dense fallback: in linear_bytes)
     int8_bytes: int = 0  # int8 groups of projections (their dense fallback: in linear_bytes)
     dtype_name: str = ""  # the run dtype, for `formats`
+    # The vocabulary table is int8 groups (embedding_bytes: the groups; lm_head_bytes: the
+    # head's dense fallback for larger calls), as models/linear/policy.make_head_method.
+    int8_table: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -68,10 +71,13 @@ class WeightEstimate:
         """Bytes by weight format, as the start-up table reports the loaded ones."""
         linear = ("dense " + self.dtype_name + (" (fallback for large batches)"
                                                 if self.int4_bytes or self.int8_bytes
-                                                else "")).strip()
-        out = {"int4 groupwise": self.int4_bytes, "int8 groupwise": self.int8_bytes,
-               linear: self.linear_bytes,
-               "embedding and lm_head": self.embedding_bytes + self.lm_head_bytes,
+                                                or self.int8_table else "")).strip()
+        table = self.embedding_bytes + self.lm_head_bytes
+        fallback_head = self.lm_head_bytes if self.int8_table else 0
+        out = {"int4 groupwise": self.int4_bytes,
+               "int8 groupwise": self.int8_bytes + (self.embedding_bytes if self.int8_table else 0),
+               linear: self.linear_bytes + fallback_head,
+               "embedding and lm_head": 0 if self.int8_table else table,
                "other (norms, biases, RoPE)": self.other_bytes}
         return {k: v for k, v in out.items() if v}
 
@@ -292,7 +298,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     ropes = 2 if cfg.rope_local_theta is not None else 1
     other += ropes * cfg.max_position_embeddings * cfg.head_dim * dtype_bytes
     return WeightEstimate(emb, head, linear, other, params, source, on_disk_bytes, int4,
-                          int8, dtype_name)
+                          int8, dtype_name, int8_table and cfg.tie_word_embeddings)
 
 
 def module_bytes(model) -> int:

@@ -104,27 +104,26 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
     return dense(weight)
 
 
-# Rows up to which an int8 LM head uses the int8_groups kernel; larger calls take the
-# head's dense (prepacked) fallback. Quiet-ish one-batch on Gemma 3: the kernel at 8 rows
-# made a decode step 0.80x the bf16 head's; one row 1.75x faster (docs/benchmarks.md).
-HEAD_SMALL_BATCH_MAX_M = 1
-# Vocabulary rows from which the head keeps int8 groups. Measured (LOADED 2-vCPU EPYC,
-# docs/benchmarks.md "k-quant GGUFs at their own size"): one row through Gemma 3's
-# 262144 x 640 head 1.26x faster than the prepacked bf16 head (and 336 MB of dense table
-# gone), through SmolLM2's 49152 x 576 head 0.74x: small heads stay dense.
-INT8_HEAD_MIN_ROWS = 131072
+# Vocabulary rows from which the LM head keeps int8 groups for calls of at most
+# `small_batch_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
+# reads them, its dense table dropped. Quiet 2-vCPU EPYC (Zen 4), two threads
+# (scripts/bench_int8_groups.py, docs/benchmarks.md), int8 over prepacked bf16 at 1 / 2 /
+# 4 rows: 1.46x / 1.48x / 0.85x on Gemma 3's 262144 x 640 head, 2.23x / 2.30x / 0.99x on
+# SmolLM2's 49152 x 576. The same row limit as the projections keeps a speculative
+# verify (<= that many rows) on the kernel that computed the decode steps' logits.
+INT8_HEAD_MIN_ROWS = 32768
 
 
 def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
                      policy: LinearPolicy) -> LinearMethod:
-    """The LM head's method: its int8 groups (one-row calls) over the dense method of the
-    same values (larger calls) when the policy keeps int8 and the vocabulary is large (the
-    head is then the largest weight: 336 MB of bf16 for Gemma 3's 262k x 640), else what
+    """The LM head's method: its int8 groups (calls of up to `small_batch_max_m` rows) over
+    the dense method of the same values (larger calls) when the policy keeps int8 and the
+    vocabulary is large (the head then reads the most bytes of any weight), else what
     `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
     if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
             and policy.keeps_int8(weight.dtype, weight.device)):
         return Int8GroupwiseLinear(int8, make_linear_method(weight, None, policy),
-                                   HEAD_SMALL_BATCH_MAX_M)
+                                   policy.small_batch_max_m)
     return make_linear_method(weight, None, policy)
 
 
