@@ -10,13 +10,10 @@ must agree with the reference too (they run on any x86-64 with AVX2)."""
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import pytest
 import torch
 
-from radixlm.cpu_kernels.build import CFLAGS, load_kernel
+from radixlm.cpu_kernels.build import load_kernel
 from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
 from radixlm.models.linear.int4_groups import Int4Groups
 
@@ -139,29 +136,14 @@ def test_linear_method_uses_kernel_and_keeps_the_weights_exact() -> None:
     assert (y.double() - ref).abs().max() < 0.02 * ref.abs().max()
 
 
-def _build_path(path: int):
-    """The kernel built with -DRADIXLM_INT4_PATH=path (2 AVX2, 1 plain loops)."""
-    from torch.utils.cpp_extension import load
-
-    from radixlm.runtime.cache_dir import cache_root
-
-    here = Path(__file__).resolve().parents[2] / "radixlm" / "cpu_kernels"
-    key = hashlib.sha256((here / "int4_groups.cpp").read_bytes()
-                         + (here / "simd.h").read_bytes()).hexdigest()[:12]
-    build_dir = cache_root() / "cpu_kernels" / f"int4_groups_path{path}-{key}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return load(name=f"radixlm_int4_groups_path{path}_{key}",
-                sources=[str(here / "int4_groups.cpp")],
-                extra_cflags=[*CFLAGS, f"-DRADIXLM_INT4_PATH={path}", f"-I{here}"],
-                extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
-
-
 @needs_kernel
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
                     reason="the AVX2 path needs an x86-64 CPU with AVX2")
 @pytest.mark.parametrize("path", [2, 1])
 def test_narrower_paths(path: int) -> None:
-    mod = _build_path(path)
+    from tests.kernel_variants import variant
+
+    mod = variant("int4_groups", path)
     assert mod.int4_kernel_path() == path
     for m, n, k in [(1, 40, 576), (5, 13, 224), (8, 24, 1536), (3, 7, 32), (16, 9, 64)]:
         for dtype in (torch.float32, torch.bfloat16):
