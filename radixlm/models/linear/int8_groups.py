@@ -81,6 +81,19 @@ def int8_groups_kernel():
     return load_kernel("int8_groups")
 
 
+@torch.library.custom_op("radixlm::int8_group_matmul", mutates_args=(), device_types="cpu")
+def int8_group_matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor,
+                      group_size: int) -> torch.Tensor:
+    """The int8_groups kernel as an op compiled decode graphs can hold (eager calls go to
+    the kernel straight: no op dispatch). float32 [M, N]."""
+    return int8_groups_kernel().int8_group_matmul(x, q, s, group_size)
+
+
+@int8_group_matmul.register_fake
+def _(x, q, s, group_size):
+    return x.new_empty(x.shape[0], q.shape[0], dtype=torch.float32)
+
+
 def int8_groups_kernel_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and int8_groups_kernel() is not None
 
@@ -104,7 +117,11 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
     def small(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
-        y = self._kernel.int8_group_matmul(x.contiguous(), self.q, self.s, self.group_size)
+        if torch.compiler.is_compiling():
+            y = torch.ops.radixlm.int8_group_matmul(x.contiguous(), self.q, self.s,
+                                                    self.group_size)
+        else:
+            y = self._kernel.int8_group_matmul(x.contiguous(), self.q, self.s, self.group_size)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _chunked(self, x: torch.Tensor) -> torch.Tensor:
