@@ -220,9 +220,7 @@ def _soak(ns: argparse.Namespace) -> None:
 
 def _one_batch(ns: argparse.Namespace) -> None:
     from radixlm.bench.one_batch import OneBatchConfig, one_batch_table, run_one_batch
-    from radixlm.runtime.host_malloc import request_huge_pages
 
-    request_huge_pages()  # the engine runs in this process: allocate as the server does
     cfg = OneBatchConfig(model=ns.model, dtype=ns.dtype, batch_sizes=tuple(ns.batch_sizes),
                          prompt_len=ns.prompt_len, decode_steps=ns.decode_steps,
                          repeat=ns.repeat, seed=ns.seed, copy_mib=ns.copy_mib,

@@ -33,7 +33,6 @@ from radixlm.engine import Engine
 from radixlm.models.linear.method import storage_key
 from radixlm.models.linear.policy import method_storage_keys, top_level_methods
 from radixlm.models.loader import resolve_model_path
-from radixlm.runtime.host_malloc import huge_pages_active
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,8 @@ def run_one_batch(cfg: OneBatchConfig, log=print) -> dict[str, Any]:
               "load_avg_1m_end": os.getloadavg()[0],
               "config": {**dataclasses.asdict(cfg), "model_path": model_path,
                          "resolved_dtype": str(engine.scheduler.runner.dtype)},
-              "copy_bandwidth_gb_s": bandwidth / 1e9, "huge_pages": huge_pages_active(),
+              "copy_bandwidth_gb_s": bandwidth / 1e9,
+              "weights_on_huge_pages_mb": engine.scheduler.runner.huge_page_bytes / 1e6,
               "results": results}
     if cfg.output_file:
         append_json_line(cfg.output_file, record)
@@ -211,5 +211,5 @@ def one_batch_table(record: dict[str, Any]) -> str:
     return (format_table(headers, rows)
             + f"\n(prompt {cfg['prompt_len']} tokens, {cfg['decode_steps']} decode steps, median "
               f"of {cfg['repeat']}; KV MB at the middle decode step; measured copy bandwidth "
-              f"{record['copy_bandwidth_gb_s']:.1f} GB/s; huge pages "
-              f"{'on' if record.get('huge_pages') else 'off'})")
+              f"{record['copy_bandwidth_gb_s']:.1f} GB/s; weights on huge pages "
+              f"{record.get('weights_on_huge_pages_mb', 0):.0f} MB)")

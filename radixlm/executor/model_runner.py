@@ -41,6 +41,7 @@ from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.runtime.device import choose_dtype, resolve_device, resolve_kv_cache_dtype
+from radixlm.runtime.host_malloc import collapse_to_huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,13 @@ class ModelRunner:
         self.weight_formats = weight_bytes_by_format(self.model)
         logger.info("loaded %s (%s, %s) in %.1f s", model_path, self.dtype, self.device,
                     time.perf_counter() - t0)
+        self.huge_page_bytes = 0
+        if self.device.type == "cpu":  # fewer TLB misses per weight read (host_malloc.py)
+            t1 = time.perf_counter()
+            self.huge_page_bytes = collapse_to_huge_pages(
+                [*self.model.parameters(), *self.model.buffers()])
+            logger.info("weights on huge pages: %.0f MB in %.2f s", self.huge_page_bytes / 1e6,
+                        time.perf_counter() - t1)
         cfg: ModelConfig = self.model_config
         # A sliding window the model's layers do not apply (Mistral): full attention equals
         # it only while a sequence fits in the window, so the window caps the context.

@@ -12,9 +12,10 @@ and more; this needs nothing installed.
 
 Huge pages: a decode step streams every weight once; with 4 KiB pages a 200 MB LM head
 walks ~50k pages and the TLB misses cap the read well below the memory's bandwidth
-(Gemma 3's int8 head: 1.4-1.8x faster on 2 MiB pages, docs/benchmarks.md). c10's CPU
-allocator aligns allocations of >= 2 MiB to 2 MiB and advises MADV_HUGEPAGE when
-THP_MEM_ALLOC_ENABLE=1 is set before the process's first allocation (it reads it once).
+(Gemma 3's int8 head: 1.4-1.8x faster on 2 MiB pages, docs/benchmarks.md). Only the
+weights move to huge pages, once loaded (`collapse_to_huge_pages`, MADV_COLLAPSE): asking
+for them for every allocation (c10's THP_MEM_ALLOC_ENABLE) made each fresh activation
+buffer pay a huge-page fault and compaction (a 6 MB cast 0.2 -> 8-21 ms).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads after the compute process has set its thread count
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +38,9 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic threshold on 64-bit
 TRIM_THRESHOLD = 256 << 20
-THP_ENV = "THP_MEM_ALLOC_ENABLE"
 HUGE_PAGE = 2 << 20
+MADV_COLLAPSE = 25  # Linux >= 6.1
+SPAN_GAP = 64 << 10
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -69,11 +75,46 @@ def release_free_heap() -> bool:
     return bool(trim(0))
 
 
-def request_huge_pages() -> None:
-    """Ask torch's CPU allocator for huge pages (THP_ENV=1), unless the user set the
-    variable (0 opts out). Effective only before the process's first torch allocation
-    (and inherited by the processes it spawns after)."""
-    os.environ.setdefault(THP_ENV, "1")
+def collapse_to_huge_pages(tensors: Iterable["torch.Tensor"]) -> int:
+    """Back the tensors' memory with huge pages now: MADV_COLLAPSE over every 2 MiB-aligned
+    run inside their storages (merged where adjacent). The kernel copies the pages in
+    place; addresses and contents stay. Returns the bytes collapsed (0 where the kernel,
+    its THP mode or the platform cannot)."""
+    if not sys.platform.startswith("linux") or thp_mode() in ("", "never"):
+        return 0
+    spans = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                    for t in tensors if _plain_cpu(t)})
+    merged: list[list[int]] = []
+    for start, size in spans:  # neighbours a malloc header apart are one run
+        if merged and start <= merged[-1][1] + SPAN_GAP:
+            merged[-1][1] = max(merged[-1][1], start + size)
+        else:
+            merged.append([start, start + size])
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        madvise = libc.madvise
+    except (OSError, AttributeError):
+        return 0
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done, errors = 0, set()
+    for start, end in merged:
+        lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if hi <= lo:
+            continue
+        if madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+            done += hi - lo
+        else:  # an old kernel (EINVAL), a file mapping, no free huge page (EAGAIN/ENOMEM)
+            errors.add(ctypes.get_errno())
+    if errors:
+        logger.info("huge pages: MADV_COLLAPSE refused some weights (errno %s)", sorted(errors))
+    return done
+
+
+def _plain_cpu(t: "torch.Tensor") -> bool:
+    """A strided CPU tensor with real storage (oneDNN's packed weights are opaque)."""
+    import torch
+
+    return t.device.type == "cpu" and t.layout == torch.strided and t.numel() > 0
 
 
 def thp_mode() -> str:
@@ -85,19 +126,8 @@ def thp_mode() -> str:
     return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else ""
 
 
-def huge_pages_active() -> bool:
-    """Do this process's large torch allocations land on huge pages? A touched 8 MiB
-    probe: its mapping's AnonHugePages in /proc/self/smaps (False where unreadable)."""
-    if thp_mode() in ("", "never"):
-        return False
-    import torch
-
-    probe = torch.ones(4 * HUGE_PAGE, dtype=torch.uint8)
-    return _anon_huge_kib(probe.data_ptr()) > 0
-
-
-def _anon_huge_kib(addr: int) -> int:
-    """AnonHugePages (KiB) of the mapping holding `addr`, from /proc/self/smaps."""
+def anon_huge_kib(addr: int) -> int:
+    """AnonHugePages (KiB) of the mapping holding `addr`, from /proc/self/smaps (tests)."""
     inside = False
     try:
         with open("/proc/self/smaps") as smaps:

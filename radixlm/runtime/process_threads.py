@@ -22,7 +22,7 @@ import os
 import sys
 
 from radixlm.config import ServerArgs
-from radixlm.runtime.host_malloc import huge_pages_active, request_huge_pages, tune_host_malloc
+from radixlm.runtime.host_malloc import tune_host_malloc
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +88,12 @@ def setup_compute_threads(args: ServerArgs, set_env: bool = True) -> int:
 
 def setup_compute_process(args: ServerArgs, guest: bool = False) -> None:
     """First thing in a compute process (scheduler, TP rank): its threads and the host
-    allocator (radixlm/runtime/host_malloc.py: thresholds, huge pages). `guest`: the
-    offline Engine in its caller's process, which keeps the caller's thread count unless
-    `num_threads` is given and leaves os.environ (so huge pages) to the caller."""
-    if not guest:
-        request_huge_pages()  # before the first allocation: c10 reads it once
+    allocator (radixlm/runtime/host_malloc.py). `guest`: the offline Engine in its caller's
+    process, which keeps the caller's thread count unless `num_threads` is given and
+    leaves os.environ alone."""
     if not guest or args.num_threads is not None:
         setup_compute_threads(args, set_env=not guest)
     tune_host_malloc()
-    if not guest:
-        logger.info("huge pages for allocations >= 2 MiB: %s",
-                    "on" if huge_pages_active() else "off")
 
 
 def setup_helper_threads() -> None:

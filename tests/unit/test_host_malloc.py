@@ -1,6 +1,5 @@
 """host_malloc: memory freed by Python, which the tuned glibc keeps, goes back to the
-kernel (RSS falls); a compute process's large tensors land on huge pages unless the user
-set THP_MEM_ALLOC_ENABLE=0."""
+kernel (RSS falls); weights collapse onto huge pages in place."""
 
 from __future__ import annotations
 
@@ -9,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from radixlm.runtime.host_malloc import THP_ENV, thp_mode
+from radixlm.runtime.host_malloc import anon_huge_kib, collapse_to_huge_pages, thp_mode
 
 _CHILD = """
 import gc
@@ -41,24 +41,18 @@ def test_release_free_heap_returns_kept_memory():
     assert after < kept - 120  # released: RSS fell by most of the 190 MiB
 
 
-_COMPUTE_CHILD = """
-from radixlm.config import ServerArgs
-from radixlm.runtime.host_malloc import huge_pages_active
-from radixlm.runtime.process_threads import setup_compute_process
-setup_compute_process(ServerArgs(num_threads=1))  # as the scheduler does
-print(huge_pages_active())
-"""
+def _kernel_at_least(major: int, minor: int) -> bool:
+    release = os.uname().release.split("-")[0].split(".")
+    return (int(release[0]), int(release[1])) >= (major, minor)
 
 
-def _compute_child(env_value: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != THP_ENV}
-    if env_value is not None:
-        env[THP_ENV] = env_value
-    return subprocess.run([sys.executable, "-c", _COMPUTE_CHILD], capture_output=True,
-                          text=True, timeout=120, check=True, env=env).stdout.split()[-1]
-
-
-@pytest.mark.skipif(thp_mode() not in ("madvise",), reason="THP off, or on for every mapping")
-def test_compute_process_weights_land_on_huge_pages_unless_opted_out():
-    assert _compute_child(None) == "True"  # the scheduler's setup asks for them
-    assert _compute_child("0") == "False"  # the user's 0 is kept
+@pytest.mark.skipif(thp_mode() in ("", "never") or not _kernel_at_least(6, 1),
+                    reason="no transparent huge pages, or no MADV_COLLAPSE (Linux < 6.1)")
+def test_collapse_moves_weights_to_huge_pages_in_place():
+    """The weights' 2 MiB-aligned runs become huge pages; addresses and values stay."""
+    weight = torch.randn(6 << 20 >> 2)  # 6 MiB of float32: at least two aligned runs
+    before, ptr = weight.clone(), weight.data_ptr()
+    done = collapse_to_huge_pages([weight, weight[10:], torch.zeros(3)])
+    assert done >= 4 << 20
+    assert anon_huge_kib(ptr) >= done >> 10
+    assert weight.data_ptr() == ptr and torch.equal(weight, before)
