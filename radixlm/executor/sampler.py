@@ -204,31 +204,46 @@ class Sampler:
         if info.logit_bias is not None:
             logits = logits.index_put(info.logit_bias[:2], info.logit_bias[2], accumulate=True)
 
-        next_ids = torch.argmax(logits, dim=-1)
         sample_rows = [i for i, g in enumerate(info.greedy) if not g]
+        if len(sample_rows) < len(info.greedy):  # an argmax over V only where a row needs it
+            next_ids = torch.argmax(logits, dim=-1)
+        else:
+            next_ids = torch.empty(len(info.greedy), dtype=torch.long, device=logits.device)
         if sample_rows:
             rows = info.sample_rows
             probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
-            # Deterministic: no renormalization. A [1, V] row sum is split across threads
-            # when V >= 32768 (torch reduces a single output in two passes), so it would
-            # depend on the batch; the draw scales u by the row's own cumulative total.
-            probs = self._cut(probs, info, rows, normalize=not self.deterministic)
+            # No renormalization after the cut: the draw scales u by each row's own total
+            # (deterministic mode needs that too: a [1, V] row sum is split across threads
+            # when V >= 32768, so a renormalized row would depend on the batch).
+            probs = self._cut(probs, info, rows, normalize=False)
             if self.deterministic:
                 assert info.uniforms is not None, "from_reqs(deterministic=True) makes them"
-                next_ids[rows] = inverse_cdf_draw(probs, info.uniforms)
+                u = info.uniforms
             else:
-                for j, i in enumerate(sample_rows):
-                    try:
-                        next_ids[i] = torch.multinomial(probs[j], 1,
-                                                        generator=info.generators[i])[0]
-                    except RuntimeError:
-                        # Probabilities that are not a distribution (NaN/inf from extreme
-                        # parameters, or all cut away): this row keeps its greedy token
-                        # instead of taking the scheduler down (found by the API fuzzer).
-                        logger.warning("row %d: no valid sampling distribution; greedy token",
-                                       i)
+                # One uniform per row from the request's own generator (its seed), one
+                # inverse-CDF scan for all rows (torch.multinomial, row by row, cost ~1 ms
+                # a row over a 49k vocabulary on the CPU).
+                u = torch.cat([torch.rand(1, dtype=torch.float64, device=probs.device,
+                                          generator=info.generators[i]) for i in sample_rows])
+            drawn, valid = draw_rows(probs, u)
+            next_ids[rows] = self._valid_or_greedy(drawn, valid, logits, rows, sample_rows)
 
         return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))
+
+    @staticmethod
+    def _valid_or_greedy(drawn: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor,
+                         rows: torch.Tensor, sample_rows: list[int]) -> torch.Tensor:
+        """A row whose probabilities are no distribution (NaN/inf from extreme parameters,
+        or all cut away) takes its greedy token instead of taking the scheduler down (found
+        by the API fuzzer). On the CPU the check is free and the argmax runs only then; on
+        CUDA both run without a host sync."""
+        on_cpu = drawn.device.type == "cpu"
+        if on_cpu and bool(valid.all()):
+            return drawn
+        if on_cpu:
+            bad = [sample_rows[j] for j in (~valid).nonzero().flatten().tolist()]
+            logger.warning("rows %s: no valid sampling distribution; greedy token", bad)
+        return torch.where(valid, drawn, logits[rows].argmax(dim=-1))
 
     @staticmethod
     def distribution(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -312,9 +327,18 @@ def inverse_cdf_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     A token with probability 0 is never drawn: its cumulative sum equals its
     predecessor's, so it cannot be the first to exceed the target. The cumulative sum is a
     sequential scan of each row, independent of the other rows."""
+    return draw_rows(probs, u)[0]
+
+
+def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """inverse_cdf_draw's tokens and, per row, whether its probabilities were a
+    distribution (finite, positive total mass); an invalid row's token is meaningless."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u.unsqueeze(1) * total, right=True).squeeze(1)
-    # u * total may round up to total: then take the last token of positive probability
-    # (the first whose cumulative sum reaches the total).
-    return torch.minimum(idx, (cdf < total).sum(dim=-1))
+    # u * total may round up to total: the target stays one ulp below it, so the draw is
+    # then the last token of positive probability (the first whose cumulative sum
+    # reaches the total), never a trailing zero-probability one.
+    target = torch.minimum(u.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    valid = torch.isfinite(total[:, 0]) & (total[:, 0] > 0)
+    return idx, valid
