@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.host_malloc import zeros_on_huge_pages
+
 
 class TokenToKVPool:
     def __init__(self, size: int, num_layers: int, kv_heads: int, head_dim: int,
@@ -19,8 +21,13 @@ class TokenToKVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size + 1, kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.k_buffers = [self._zeros(shape) for _ in range(num_layers)]
+        self.v_buffers = [self._zeros(shape) for _ in range(num_layers)]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type == "cpu":  # decode attention walks it: fewer TLB misses
+            return zeros_on_huge_pages(shape, self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

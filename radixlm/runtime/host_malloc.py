@@ -1,21 +1,14 @@
 """Host allocator settings for a compute process (the scheduler, a TP rank, the offline
-Engine) on Linux with glibc, and the release of its free heap when idle.
+Engine) on Linux with glibc: malloc thresholds, huge pages, releasing free heap when idle.
 
-glibc serves every allocation above its mmap threshold (128 KiB, raised dynamically up to
-32 MiB as large blocks are freed) with a fresh mmap, and returns freed memory past the
-trim threshold to the kernel: a CPU forward, which allocates and frees activations of a
-few MiB per op, then pays a page fault for every 4 KiB it touches, on every step. Fixing
-the thresholds (mmap above 32 MiB only; keep up to 256 MiB of freed heap) made a
-1024-token prefill step of the default model ~20% faster on 2 cores
-(docs/benchmarks.md, "CPU fast path"). jemalloc or tcmalloc (LD_PRELOAD) do the same
-and more; this needs nothing installed.
-
-Huge pages: a decode step streams every weight once; with 4 KiB pages a 200 MB LM head
-walks ~50k pages and the TLB misses cap the read well below the memory's bandwidth
-(Gemma 3's int8 head: 1.4-1.8x faster on 2 MiB pages, docs/benchmarks.md). Only the
-weights move to huge pages, once loaded (`collapse_to_huge_pages`, MADV_COLLAPSE): asking
-for them for every allocation (c10's THP_MEM_ALLOC_ENABLE) made each fresh activation
-buffer pay a huge-page fault and compaction (a 6 MB cast 0.2 -> 8-21 ms).
+glibc's dynamic mmap threshold made a CPU forward page-fault every 4 KiB of its
+activations on every step; fixed thresholds (mmap above 32 MiB; keep 256 MiB of freed
+heap) made a 1024-token prefill ~20% faster (docs/benchmarks.md, "CPU fast path").
+Huge pages: a decode step streams every weight once, and on 4 KiB pages the TLB misses
+cap the read (Gemma 3's 200 MB int8 head: 1.4-1.8x faster on 2 MiB pages). The loaded
+weights are collapsed in place (MADV_COLLAPSE) and the KV pool advised before its first
+touch; not every allocation (c10's THP_MEM_ALLOC_ENABLE): then each fresh activation
+buffer paid a huge-page fault (a 6 MB cast 0.2 -> 8-21 ms). docs/tuning.md has more.
 """
 
 from __future__ import annotations
@@ -39,6 +32,7 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic threshold on 64-bit
 TRIM_THRESHOLD = 256 << 20
 HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25  # Linux >= 6.1
 SPAN_GAP = 64 << 10
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -90,24 +84,46 @@ def collapse_to_huge_pages(tensors: Iterable["torch.Tensor"]) -> int:
             merged[-1][1] = max(merged[-1][1], start + size)
         else:
             merged.append([start, start + size])
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
+    libc = _libc()
+    if libc is None:
         return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done, errors = 0, set()
     for start, end in merged:
         lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
         if hi <= lo:
             continue
-        if madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+        if libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
             done += hi - lo
         else:  # an old kernel (EINVAL), a file mapping, no free huge page (EAGAIN/ENOMEM)
             errors.add(ctypes.get_errno())
     if errors:
         logger.info("huge pages: MADV_COLLAPSE refused some weights (errno %s)", sorted(errors))
     return done
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: "torch.dtype") -> "torch.Tensor":
+    """torch.zeros on the CPU whose fresh pages fault in as huge pages (MADV_HUGEPAGE over
+    the 2 MiB-aligned interior before the zeroing touches it; a no-op where unsupported)."""
+    import torch
+
+    t = torch.empty(shape, dtype=dtype)
+    if sys.platform.startswith("linux") and thp_mode() in ("madvise", "always") and t.numel():
+        start = t.data_ptr()
+        lo = -(-start // HUGE_PAGE) * HUGE_PAGE
+        hi = (start + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
+        libc = _libc()
+        if hi > lo and libc is not None:
+            libc.madvise(lo, hi - lo, MADV_HUGEPAGE)
+    return t.zero_()
+
+
+def _libc() -> "ctypes.CDLL | None":
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def _plain_cpu(t: "torch.Tensor") -> bool:

@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
-from radixlm.runtime.host_malloc import anon_huge_kib, collapse_to_huge_pages, thp_mode
+from radixlm.runtime.host_malloc import (
+    HUGE_PAGE, anon_huge_kib, collapse_to_huge_pages, thp_mode,
+)
 
 _CHILD = """
 import gc
@@ -56,3 +58,14 @@ def test_collapse_moves_weights_to_huge_pages_in_place():
     assert done >= 4 << 20
     assert anon_huge_kib(ptr) >= done >> 10
     assert weight.data_ptr() == ptr and torch.equal(weight, before)
+
+
+@pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="no transparent huge pages")
+def test_kv_pool_buffers_fault_in_as_huge_pages():
+    from radixlm.mem.token_to_kv_pool import TokenToKVPool
+
+    pool = TokenToKVPool(65536, 2, 3, 64, torch.bfloat16)  # 24 MiB a buffer
+    for buf in (*pool.k_buffers, *pool.v_buffers):
+        assert buf.abs().sum() == 0
+        interior = -(-buf.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # (the advice splits the mapping)
+        assert anon_huge_kib(interior) >= 16 << 10
