@@ -140,3 +140,22 @@ def test_temperature_sampling_draws_the_softmax_distribution():
     assert counts[8:].sum() == 0
     chi2 = float(((counts[:8] - expected) ** 2 / expected).sum())
     assert chi2 < 24.3, (chi2, counts[:8].tolist(), expected.tolist())
+
+
+def test_candidate_top_k_p_cut_equals_the_full_sort():
+    """The CPU cut (top 1024 candidates, full sort where the cut falls beyond them) keeps
+    exactly the tokens the full sort keeps: peaked and flat rows, top-k above the
+    candidates, rows without a cut next to rows with one."""
+    torch.manual_seed(0)
+    vocab = 5000
+    probs = torch.softmax(torch.randn(6, vocab) * torch.tensor([[4.0], [4.0], [0.01], [4.0], [1.0], [4.0]]), -1)
+    top_ks = torch.tensor([vocab, 40, vocab, 3000, vocab, vocab])
+    top_ps = torch.tensor([0.9, 0.95, 0.9, 1.0, 0.999, 1.0])
+    fast = Sampler._top_k_p(probs, top_ks, top_ps)
+    full = Sampler._top_k_p_sorted(probs, top_ks, top_ps)
+    assert torch.equal(fast[:5], full[:5])
+    # No cut asked: every token stays (the full sort's float cumsum reaches 1.0 early
+    # and drops a tail of ~1e-9 mass there).
+    assert torch.equal(fast[5], probs[5])
+    kept = (fast > 0).sum(-1).tolist()
+    assert kept[1] <= 40 and kept[2] > 1024 and kept[3] == 3000 and kept[5] == vocab
