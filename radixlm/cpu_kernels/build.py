@@ -37,12 +37,12 @@ CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno
           "-fassociative-math", "-ffp-contract=fast")
 
 
-def _build_key(source: Path) -> str:
+def _build_key(source: Path, extra_cflags: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256(source.read_bytes())
     for header in sorted(source.parent.glob("*.h")):  # what the sources may include
         h.update(header.read_bytes())
     h.update(torch.__version__.encode())
-    h.update(" ".join(CFLAGS).encode())
+    h.update(" ".join((*CFLAGS, *extra_cflags)).encode())
     h.update(cpu_features.machine_key().encode())
     return h.hexdigest()[:16]
 
@@ -79,8 +79,8 @@ def load_kernel(name: str) -> ModuleType | None:
 _DEFAULT_BUILD_SECONDS = 40.0
 
 
-def _build_dir(name: str, source: Path) -> Path:
-    return cache_root() / "cpu_kernels" / f"{name}-{_build_key(source)}"
+def _build_dir(name: str, source: Path, extra_cflags: tuple[str, ...] = ()) -> Path:
+    return cache_root() / "cpu_kernels" / f"{name}-{_build_key(source, extra_cflags)}"
 
 
 def _seconds_file(name: str) -> Path:
@@ -106,10 +106,12 @@ def expected_build_seconds(name: str) -> float:
         return _DEFAULT_BUILD_SECONDS
 
 
-def build_extension(name: str, source: Path) -> ModuleType | None:
-    """Build (or find built) and import the extension of one C++ source; None on failure."""
-    key = _build_key(source)
-    build_dir = _build_dir(name, source)
+def build_extension(name: str, source: Path, extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
+    """Build (or find built) and import the extension of one C++ source; None on failure.
+    `extra_cflags` follow CFLAGS (the tests' narrower-ISA variants: another `name`, and
+    the flags are part of the key)."""
+    key = _build_key(source, extra_cflags)
+    build_dir = _build_dir(name, source, extra_cflags)
     if not (build_dir / f"radixlm_{name}_{key}.so").exists():
         logger.warning("building CPU kernel %s for this CPU (once per machine and version; "
                        "about %.0f s) ...", name, expected_build_seconds(name))
@@ -130,7 +132,7 @@ def build_extension(name: str, source: Path) -> ModuleType | None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
             module = load(name=f"radixlm_{name}_{key}", sources=[str(_stage(source, build_dir))],
-                          extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                          extra_cflags=[*CFLAGS, *extra_cflags], extra_ldflags=["-fopenmp"],
                           build_directory=str(build_dir), verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"
         logger.warning("CPU kernel %s unavailable (%s: %s); using the torch fallback",

@@ -19,7 +19,7 @@
 // multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) takes the block kernel
 // (kLanes positions per step, scores in the lanes of one vector, online softmax); 16-bit KV and other head_dims the row kernel (one dot product per
 // score, two-pass softmax).
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

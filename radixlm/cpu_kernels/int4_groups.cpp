@@ -22,7 +22,7 @@
 // Invariants: x [M, K] bf16 or float32 contiguous; K % 32 == 0; y [M, N] in x's dtype,
 // float32 sums rounded once. Each weight byte is read from memory once per call whatever
 // M is (rows of x are taken 8 at a time against one weight row, which stays in L1).
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>

@@ -12,7 +12,7 @@
 // to (a * d) @ W.T up to float32 rounding of the scaled sums (the int32 sums are exact).
 // Every weight byte is read from memory once per call whatever M is (rows of x go 8 at a
 // time against a weight row, which stays in L1), so a call is bound by the weight's read.
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>

@@ -3,7 +3,7 @@
 // Python versions dispatch (rms_norm.py, rope.py, decoder.py).
 // Results equal those versions' rounding: float32 math, cast to the activation dtype at
 // the same points HF's Llama casts.
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -71,3 +71,19 @@ def test_parallel_builders_die_with_their_parent(monkeypatch: pytest.MonkeyPatch
     build.build_missing_in_parallel()
     assert len(started) == 2
     assert all(kw.get("preexec_fn") is build.die_with_parent for kw in started)
+
+
+def test_extra_flags_are_compiled_in_and_keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant built with extra flags (tests/kernel_variants.py) gets them on the
+    compiler's command line and its own key: the plain build is not reused for it, nor
+    one variant's library for another's."""
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "tiny.cpp"
+    source.write_text("#ifndef TINY_FLAG\n#error the extra flag did not reach g++\n#endif\n" + TINY)
+    keys = {build._build_key(source), build._build_key(source, ("-DTINY_FLAG",)),
+            build._build_key(source, ("-DTINY_FLAG", "-mno-avx2"))}
+    assert len(keys) == 3
+    assert build.build_extension("tiny", source) is None  # the #error: no flag, no build
+    assert build.build_extension("tiny_flag", source, ("-DTINY_FLAG",)) is not None
+    assert (build._build_dir("tiny_flag", source, ("-DTINY_FLAG",))
+            / f"radixlm_tiny_flag_{build._build_key(source, ('-DTINY_FLAG',))}.so").exists()
