@@ -34,7 +34,10 @@ TRIM_THRESHOLD = 256 << 20
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25  # Linux >= 6.1
-SPAN_GAP = 64 << 10
+# Storages at most this far apart are collapsed as one run: most projections are under
+# 2 MiB, so only runs over several of them hold aligned 2 MiB blocks (the default model:
+# 40 of its 179 MB with a 64 KiB gap, 166 with 2 MiB). What lies between is the heap's.
+SPAN_GAP = HUGE_PAGE
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -79,7 +82,7 @@ def collapse_to_huge_pages(tensors: Iterable["torch.Tensor"]) -> int:
     spans = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
                     for t in tensors if _plain_cpu(t)})
     merged: list[list[int]] = []
-    for start, size in spans:  # neighbours a malloc header apart are one run
+    for start, size in spans:
         if merged and start <= merged[-1][1] + SPAN_GAP:
             merged[-1][1] = max(merged[-1][1], start + size)
         else:
