@@ -83,13 +83,17 @@ def check_response(status: int, content_type: str, body: bytes) -> str | None:
 
 
 def _ends_a_response(event: str) -> bool:
-    """The Responses API's last event: the response done, whole or cut by a limit."""
+    """The Responses API's last event: the response done, whole or cut by a limit, or
+    failed for a reason of the request's own (e.g. its `timeout`), not the server's."""
     try:
         obj = json.loads(event)
     except ValueError:
         return False
-    return isinstance(obj, dict) and obj.get("type") in ("response.completed",
-                                                         "response.incomplete")
+    if not isinstance(obj, dict):
+        return False
+    if obj.get("type") == "response.failed":
+        return (obj.get("response") or {}).get("error", {}).get("code") != "server_error"
+    return obj.get("type") in ("response.completed", "response.incomplete")
 
 
 def fuzz(base_url: str, max_examples: int, *, headers: dict[str, str] | None = None,

@@ -96,6 +96,20 @@ def test_streaming_events_in_order(client: Any) -> None:
     assert final.usage.output_tokens == n or final.usage.output_tokens >= 1
 
 
+def test_stream_past_its_timeout_fails_with_the_requests_own_code(client: Any) -> None:
+    """A request's own `timeout` (radixlm's extension) ends the stream with
+    response.failed whose code names the timeout, not a server error."""
+    kinds, failed = [], None
+    with client.responses.stream(model="m", input="Count from 1 to 100.", temperature=0,
+                                 max_output_tokens=200, extra_body={"timeout": 1e-6}) as stream:
+        for ev in stream:
+            kinds.append(ev.type)
+            if ev.type == "response.failed":
+                failed = ev.response
+    assert kinds[-1] == "response.failed", kinds
+    assert failed.status == "failed" and failed.error.code == "timeout_error"
+
+
 def test_function_tool_round_trip(client: Any) -> None:
     r = client.responses.create(
         model="m", input="What is the weather in Paris?", tools=[WEATHER],

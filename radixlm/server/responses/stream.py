@@ -135,9 +135,13 @@ async def response_events(chat_sse: AsyncIterator[str], events: ResponseEvents,
                     err = chunk["error"]
                     yield events.event("error", code=str(err.get("code")),
                                        message=err.get("message"), param=err.get("param"))
+                    # The server's own failures are "server_error"; a request's own
+                    # limit (its `timeout`: 408) keeps its type, e.g. "timeout_error".
+                    status = err.get("code")
+                    code = (err.get("type") or "server_error"
+                            if isinstance(status, int) and status < 500 else "server_error")
                     failed = {**start_body, "status": "failed",
-                              "error": {"code": "server_error",
-                                        "message": err.get("message")}}
+                              "error": {"code": code, "message": err.get("message")}}
                     yield events.event("response.failed", response=failed)
                     return
                 for e in events.on_chunk(chunk):
