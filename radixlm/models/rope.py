@@ -69,6 +69,10 @@ class RotaryEmbedding(nn.Module):
 
     def _compute_cache(self) -> torch.Tensor:
         c = self.config
+        if torch.empty(()).is_meta:  # a model built on the meta device: reset_cache() fills
+            # it once materialized (computing on meta runs torch's reference ops, whose
+            # first use imports torch._dynamo: ~1.5 s of every start)
+            return torch.empty(c.max_position_embeddings, c.head_dim)
         inv_freq = (rope_inv_freq(c.head_dim, self.theta, None) if self.theta is not None
                     else rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling,
                                        c.rope_freq_factors))
