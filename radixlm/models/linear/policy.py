@@ -1,7 +1,9 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense fallback;
+                                          the int4_bf16 kernel where the CPU has
+                                          AVX512-BF16, else aten's int4pack)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
                                           fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
@@ -23,8 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_blocks_kernel,
-                                        int4_kernel_fits, int4_kernel_runs_on)
+from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
+                                        int4_blocks_kernel, int4_kernel_fits,
+                                        int4_kernel_runs_on)
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
@@ -90,10 +93,12 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
     if policy.quantization == "w8a8_int8" and w8a8_kernel_available(device):
         return W8A8Int8Linear.from_dense(weight)
-    blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
-    if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4, blocks):
-        return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m,
-                                   use_blocks=blocks)
+    if int4 is not None and policy.keeps_int4(dtype, device):
+        blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
+        bf16 = not blocks and int4_bf16_kernel_usable()
+        if int4_kernel_fits(int4, blocks, bf16):
+            return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m,
+                                       use_blocks=blocks, use_bf16=bf16)
     if int8 is not None and policy.keeps_int8(dtype, device):
         return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
