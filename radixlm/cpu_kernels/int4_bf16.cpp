@@ -57,7 +57,7 @@ template <int MB, int NB>
 inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float* dp,
                       const float* cp, int64_t b0, float* out, int64_t ostride) {
   const int64_t K = X.K, ng = X.ng;
-  constexpr int AC = (MB * NB >= 4) ? 1 : 2;  // accumulators per (row, block): chains
+  constexpr int AC = (MB * NB >= 8) ? 1 : 2;  // accumulators per (row, block): chains
   const int64_t bstride = K * kBlockN / 2;     // bytes per block of 16 channels
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i hi43 = _mm512_set1_epi8(0x43);
@@ -187,8 +187,9 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
   const float* dp = d.data_ptr<float>();
   const float* cp = m.data_ptr<float>();  // m; c = m - 128 d per group
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  // One row: 4 blocks at a time (independent dot-product chains); more: one block.
-  const int NB = (R == 1 && nblocks >= 4) ? 4 : 1;
+  // Blocks at a time: enough independent dot-product chains (vdpbf16ps has a latency
+  // of several cycles) when there are few rows.
+  const int NB = (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
   const int64_t units = (nblocks + NB - 1) / NB;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     // res [R, 64]: row r's results for the unit's (up to) 4 blocks.
@@ -202,6 +203,8 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
         float* out = res.data() + m0 * kStride;
         if (nb == 4)
           rows_dot<4>(X, m0, mb, wp, dp, cp, b0, out, kStride);
+        else if (nb == 2)
+          rows_dot<2>(X, m0, mb, wp, dp, cp, b0, out, kStride);
         else
           for (int b = 0; b < nb; ++b)
             rows_dot<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
