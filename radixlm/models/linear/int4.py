@@ -1,21 +1,16 @@
 """Int4GroupwiseLinear: 4-bit weights in groups of 32 along the input features.
 
-With `use_bf16` (the default where the CPU has AVX512-BF16: `int4_bf16_kernel_usable`),
-kept once for the C++ kernel `cpu_kernels/int4_bf16.cpp` in its layout
-(`int4_bf16_blocks.py`: nibbles, d and m in float32 per block of 16 rows), read against x
-UNQUANTIZED (bf16 dot products, float32 sums: no activation rounding). With `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
-moved the default model's greedy tokens, docs/benchmarks.md), kept once for the C++
-kernel `cpu_kernels/int4_groups.cpp`: its block layout (`int4_blocks.py`; d and m in
-float16 when exact, else float32), read with x quantized to int8 per group of 32 (as
-llama.cpp's Q4_1 x Q8_1: a small activation rounding, float32 sums). Otherwise (the
-default), kept twice, both exact: the canonical groups (q packed two per byte, d and m
-in float32) and the form of PyTorch's CPU int4 kernel
-(`aten._convert_weight_to_int4pack_for_cpu` / `_weight_int4pack_mm_for_cpu`), which
-computes w = (q - 8) * scale + zero with the scales and zeros in the activation dtype:
-scale = d, zero = m + 8 d. That kernel runs on bfloat16 activations only (its float32
-path is a slow reference). Calls of more than `max_m` rows take the dense fallback
-(`SmallBatchQuantized`). Either way `dequantized_weight()` gives the checkpoint's values
-bit for bit.
+Three kernels for calls of at most `max_m` rows (more: the dense fallback,
+`SmallBatchQuantized`), each keeping its own exact form of the groups:
+* `use_bf16` (the default where the CPU has AVX512-BF16: `int4_bf16_kernel_usable`):
+  `cpu_kernels/int4_bf16.cpp`, layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot
+  products, float32 sums);
+* `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
+  moved the default model's greedy tokens): `cpu_kernels/int4_groups.cpp`, layout
+  `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
+* otherwise PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 x only), w = (q - 8) * scale +
+  zero with scale = d, zero = m + 8 d in the activation dtype, beside the canonical groups.
+Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit.
 """
 
 from __future__ import annotations

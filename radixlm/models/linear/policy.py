@@ -1,9 +1,8 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense fallback;
-                                          the int4_bf16 kernel where the CPU has
-                                          AVX512-BF16, else aten's int4pack)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense
+                                          fallback; int4_bf16 kernel on AVX512-BF16)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
                                           fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
