@@ -103,3 +103,19 @@ def test_linear_method_and_custom_op() -> None:
     ref = x.double() @ groups.dequantize().double().T
     assert ((y.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 1e-3).all()
     assert lin.kernel_bytes() == 64 * 96 // 2 + 2 * 4 * 64 * 3
+
+
+@needs_kernel
+def test_traces_under_torch_compile_as_the_custom_op() -> None:
+    """A compiled graph holds `radixlm::int4_bf16_matmul` (dynamo cannot trace the pybind
+    call): fullgraph, the same values as eager."""
+    from radixlm.models.linear.int4 import Int4GroupwiseLinear
+    from radixlm.models.linear.method import DenseLinear
+
+    groups = _groups(48, 64, torch.Generator().manual_seed(6))
+    lin = Int4GroupwiseLinear(groups, DenseLinear(groups.dequantize().bfloat16()), max_m=8,
+                              use_bf16=True)
+    x = torch.randn(2, 64).bfloat16()
+    torch._dynamo.reset()
+    compiled = torch.compile(lin, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), lin(x))
