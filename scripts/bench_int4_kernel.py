@@ -1,4 +1,5 @@
-"""Side by side in one process: the int4_groups C++ kernel (int8 activations), aten's
+"""Side by side in one process: the int4_bf16 C++ kernel (bf16 activations, exact), the
+int4_groups C++ kernel (int8 activations), aten's
 int4pack kernel and the dense bf16 fallback (oneDNN prepacked), on SmolLM2-135M's
 projection shapes, for calls of M rows (bf16 activations, as the engine sends).
 
@@ -27,6 +28,8 @@ from radixlm.models.linear.method import PrepackedLinear
 # q|k|v (960 rows) and gate|up (3072 rows).
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576),
           "down_proj": (576, 1536)}
+
+COLUMNS = ("int4_bf16", "int4_groups", "aten int4pack", "dense bf16")
 
 
 def _groups(n: int, k: int, g: torch.Generator) -> Int4Groups:
@@ -67,19 +70,21 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         groups = _groups(n, k, g)
         dense = PrepackedLinear(groups.dequantize().bfloat16())
+        bf16 = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_bf16=True)
         new = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_blocks=True)
         aten = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_blocks=False)
         methods[name] = {
+            "int4_bf16": (bf16.small, bf16.kernel_bytes()),
             "int4_groups": (new.small, new.kernel_bytes()),
             "aten int4pack": (aten.small, aten.kernel_bytes()),
             "dense bf16": (dense.forward, n * k * 2),
         }
     print(f"{'threads':>7} {'M':>3} {'shape':>13} " + "".join(
-        f"{m:>22}" for m in ("int4_groups", "aten int4pack", "dense bf16")) + "   new/aten new/dense")
+        f"{m:>22}" for m in COLUMNS) + "  bf16/aten bf16/dense")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for rows in args.rows:
-            total = {m: 0.0 for m in ("int4_groups", "aten int4pack", "dense bf16")}
+            total = {m: 0.0 for m in COLUMNS}
             for name, (n, k) in SHAPES.items():
                 x = torch.randn(rows, k, generator=g).bfloat16()
                 meths = methods[name]
@@ -88,13 +93,13 @@ def main() -> None:
                 for (meth, (_, nbytes)), us in zip(meths.items(), times):
                     total[meth] += us
                     cells.append(f"{us:9.1f} us {nbytes / us / 1e3:6.1f} GB/s")
-                us_new, us_aten, us_dense = (float(c.split()[0]) for c in cells)
+                us_new, _, us_aten, us_dense = (float(c.split()[0]) for c in cells)
                 print(f"{threads:>7} {rows:>3} {name:>13} " + "".join(f"{c:>22}" for c in cells)
                       + f"   {us_aten / us_new:8.2f} {us_dense / us_new:9.2f}")
             print(f"{threads:>7} {rows:>3} {'layer':>13} " + "".join(
                 f"{total[m]:9.1f} us {'':>12}" for m in total)
-                + f"   {total['aten int4pack'] / total['int4_groups']:8.2f}"
-                f" {total['dense bf16'] / total['int4_groups']:9.2f}")
+                + f"   {total['aten int4pack'] / total['int4_bf16']:8.2f}"
+                f" {total['dense bf16'] / total['int4_bf16']:9.2f}")
 
 
 if __name__ == "__main__":

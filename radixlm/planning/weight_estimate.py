@@ -243,7 +243,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     `quantization="int4"`: the `int4_names` projections also keep their int4 form.
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
     own packed copy of the embedding."""
-    from radixlm.models.linear.int4 import int4_bytes_per_weight
+    from radixlm.models.linear.int4 import int4_bf16_kernel_usable, int4_bytes_per_weight
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
@@ -283,7 +283,8 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         if name.endswith(_LINEAR_WEIGHTS):
             linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
             if quantization == "int4" and name in int4_names:
-                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes))
+                int4 += int(per_rank * int4_bytes_per_weight(
+                    dtype_bytes, bf16=dtype_bytes == 2 and int4_bf16_kernel_usable()))
             elif name in int8_forms:
                 int8 += int(per_rank * int8_forms[name])
         else:

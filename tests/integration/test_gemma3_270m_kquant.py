@@ -2,8 +2,8 @@
 projection is int4 (Q4_K) or int8 groups (Q5_0, Q8_0, Q6_K), the tied Q8_0 head computes
 one-row calls from int8 groups and the embedding looks its rows up there. Against
 the same file loaded all-bf16 (`--quantization none`): prompt logits close (the weights
-are the same values; sums differ in order and the int4 kernel's scales are bf16-rounded),
-greedy tokens equal on the parity prompts."""
+are the same values; sums differ in order), greedy tokens equal on the parity prompts or
+flipped at a near-tie of the dense model."""
 
 from __future__ import annotations
 
@@ -100,4 +100,14 @@ def test_greedy_parity_with_bf16_load(models):
         h = PoolHarness(model, cfg, max_requests=4, max_context=64, num_slots=256,
                         kv_dtype=torch.bfloat16)
         outs.append(h.greedy(PROMPTS, 16, stop_ids=[]))
-    assert outs[0] == outs[1]
+    # Equal tokens, or a flip where the dense model's top two logits are within 1%: with
+    # the int4_bf16 kernel prompt 0 flips at token 11, where the dense bf16 logits of its
+    # top two tokens are equal (16.875 both, 2026-12-03); aten's int4pack kept the tie.
+    for ids, a, n in zip(PROMPTS, *outs):
+        if a == n:
+            continue
+        k = next(i for i, (x, y) in enumerate(zip(a, n)) if x != y)
+        h = PoolHarness(dense, cfg, max_requests=4, max_context=64, num_slots=256,
+                        kv_dtype=torch.bfloat16)
+        top2 = h.extend([h.new_request()], [ids + n[:k]])[0].float().topk(2).values
+        assert (top2[0] - top2[1]) / top2[0].abs() < 0.01, (ids, k, a, n)

@@ -156,8 +156,15 @@ def test_policy_uses_the_kernel_only_when_asked() -> None:
     from radixlm.models.linear.int4 import Int4GroupwiseLinear
     from radixlm.models.linear.policy import LinearPolicy, make_linear_method
 
+    from radixlm.models.linear.int4 import int4_bf16_kernel_usable
+
     groups = _groups(40, 64, torch.Generator().manual_seed(4))  # 40 rows: not aten's 16s
     w = groups.dequantize().bfloat16()
-    assert not isinstance(make_linear_method(w, groups, LinearPolicy("auto")), Int4GroupwiseLinear)
+    default = make_linear_method(w, groups, LinearPolicy("auto"))
+    # The default: the int4_bf16 kernel (unquantized activations) where the CPU has it.
+    if int4_bf16_kernel_usable():
+        assert isinstance(default, Int4GroupwiseLinear) and default._bf16 is not None
+    else:
+        assert not isinstance(default, Int4GroupwiseLinear)
     on = make_linear_method(w, groups, LinearPolicy("auto", int4_int8_activations=True))
-    assert isinstance(on, Int4GroupwiseLinear) and on._kernel is not None
+    assert isinstance(on, Int4GroupwiseLinear) and on._kernel is not None and on._bf16 is None

@@ -1,24 +1,24 @@
 """Int4GroupwiseLinear: 4-bit weights in groups of 32 along the input features.
 
-With `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
-moved the default model's greedy tokens, docs/benchmarks.md), kept once for the C++
-kernel `cpu_kernels/int4_groups.cpp`: its block layout (`int4_blocks.py`; d and m in
-float16 when exact, else float32), read with x quantized to int8 per group of 32 (as
-llama.cpp's Q4_1 x Q8_1: a small activation rounding, float32 sums). Otherwise (the
-default), kept twice, both exact: the canonical groups (q packed two per byte, d and m
-in float32) and the form of PyTorch's CPU int4 kernel
-(`aten._convert_weight_to_int4pack_for_cpu` / `_weight_int4pack_mm_for_cpu`), which
-computes w = (q - 8) * scale + zero with the scales and zeros in the activation dtype:
-scale = d, zero = m + 8 d. That kernel runs on bfloat16 activations only (its float32
-path is a slow reference). Calls of more than `max_m` rows take the dense fallback
-(`SmallBatchQuantized`). Either way `dequantized_weight()` gives the checkpoint's values
-bit for bit.
+Three kernels for calls of at most `max_m` rows (more: the dense fallback,
+`SmallBatchQuantized`), each keeping its own exact form of the groups:
+* `use_bf16` (the default where the CPU has AVX512-BF16: `int4_bf16_kernel_usable`):
+  `cpu_kernels/int4_bf16.cpp`, layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot
+  products, float32 sums);
+* `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
+  moved the default model's greedy tokens): `cpu_kernels/int4_groups.cpp`, layout
+  `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
+* otherwise PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 x only), w = (q - 8) * scale +
+  zero with scale = d, zero = m + 8 d in the activation dtype, beside the canonical groups.
+Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
+from radixlm.models.linear.int4_bf16_blocks import (block_scales, pack_bf16_blocks,
+                                                     unblock_scales, unpack_bf16_blocks)
 from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
@@ -47,13 +47,44 @@ def _(x, w, d, m):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+def int4_bf16_kernel():
+    """The int4_bf16 C++ kernel module when it built with AVX512-BF16, else None."""
+    from radixlm.cpu_kernels.build import load_kernel
+
+    kernel = load_kernel("int4_bf16")
+    return kernel if kernel is not None and kernel.int4_bf16_path() == 1 else None
+
+
+def int4_bf16_kernel_usable() -> bool:
+    """The int4_bf16 kernel built with its AVX512-BF16 path. Kernels build with
+    -march=native, keyed by the CPU's flags (`cpu_kernels/build.py`), so this is the CPU's
+    avx512_bf16 flag as the compiler saw it (not `cpu_features.cpu_flags()`, which the test
+    suite blanks to pin `--dtype auto`)."""
+    return int4_bf16_kernel() is not None
+
+
+@torch.library.custom_op("radixlm::int4_bf16_matmul", mutates_args=(), device_types="cpu")
+def int4_bf16_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                     n: int) -> torch.Tensor:
+    """The int4_bf16 kernel as an op compiled decode graphs can hold."""
+    return int4_bf16_kernel().int4_bf16_matmul(x, w, d, m, n)
+
+
+@int4_bf16_matmul.register_fake
+def _(x, w, d, m, n):
+    return x.new_empty(x.shape[0], n)
+
+
 def int4_bytes_per_weight(act_bytes: int, group_size: int = 32, blocks: bool = False,
-                          scale_bytes: int = 2) -> float:
+                          scale_bytes: int = 2, bf16: bool = False) -> float:
     """What Int4GroupwiseLinear keeps per weight (its dense fallback not included). With
     the int4_groups kernel (`blocks`, opt-in: `LinearPolicy.int4_int8_activations`): the
     nibbles (0.5) and d, m of `scale_bytes` each (2: GGUF's Q4_0/Q4_1 halves; Q4_K's
     d * sc needs 4). Without: the canonical nibbles (0.5) and float32 d, m, aten's
-    kernel's nibbles (0.5) and its scale/zero pair in the activation dtype."""
+    kernel's nibbles (0.5) and its scale/zero pair in the activation dtype. With the
+    int4_bf16 kernel (`bf16`): the nibbles and float32 d, m (rows padded to 16 aside)."""
+    if bf16:
+        return 0.5 + 8 / group_size
     if blocks:
         return 0.5 + 2 * scale_bytes / group_size
     return 0.5 + 8 / group_size + 0.5 + 2 * act_bytes / group_size
@@ -63,10 +94,11 @@ def int4_kernel_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
-def int4_kernel_fits(groups: Int4Groups, blocks: bool = False) -> bool:
-    """Can the layer's small calls run on a kernel: the int4_groups kernel (`blocks`) takes
-    any row count at groups of 32, aten's int4pack whole blocks of 16 rows."""
-    if blocks:
+def int4_kernel_fits(groups: Int4Groups, blocks: bool = False, bf16: bool = False) -> bool:
+    """Can the layer's small calls run on a kernel: the int4_groups and int4_bf16 kernels
+    (`blocks`, `bf16`) take any row count at groups of 32, aten's int4pack whole blocks of
+    16 rows."""
+    if blocks or bf16:
         return groups.group_size == 32
     return groups.shape[0] % KERNEL_ROW_MULTIPLE == 0
 
@@ -84,7 +116,8 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
     format = "int4 groupwise"
 
     def __init__(self, groups: Int4Groups, fallback: LinearMethod, max_m: int,
-                 act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False) -> None:
+                 act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
+                 use_bf16: bool = False) -> None:
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
@@ -94,6 +127,16 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             raise RuntimeError("use_blocks: the int4_groups kernel is not built here, or the "
                                "groups are not of 32")
         self._kernel = kernel
+        self._bf16 = int4_bf16_kernel() if use_bf16 and not use_blocks else None
+        if use_bf16 and not use_blocks and (self._bf16 is None or groups.group_size != 32):
+            raise RuntimeError("use_bf16: the int4_bf16 kernel is not built for AVX512-BF16 "
+                               "here, or the groups are not of 32")
+        if self._bf16 is not None:
+            self.register_buffer("q_bf16", pack_bf16_blocks(groups.q), persistent=False)
+            d, m = block_scales(groups.d, groups.m)
+            self.register_buffer("d", d, persistent=False)
+            self.register_buffer("m", m, persistent=False)
+            return
         if self._kernel is not None:
             self.register_buffer("q_blocks", pack_blocks(groups.q), persistent=False)
             d, m = compact_scales(groups.d, groups.m)
@@ -112,6 +155,11 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             persistent=False)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
+        if self._bf16 is not None:
+            if torch.compiler.is_compiling():
+                return torch.ops.radixlm.int4_bf16_matmul(x, self.q_bf16, self.d, self.m,
+                                                          self.out_features)
+            return self._bf16.int4_bf16_matmul(x, self.q_bf16, self.d, self.m, self.out_features)
         if self._kernel is not None:
             if torch.compiler.is_compiling():
                 return torch.ops.radixlm.int4_group_matmul(x, self.q_blocks, self.d, self.m)
@@ -123,11 +171,19 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def kernel_bytes(self) -> int:
-        held = ((self.q_blocks, self.d, self.m) if self._kernel is not None
-                else (self.kernel_weight, self.kernel_scale_zeros))
+        if self._bf16 is not None:
+            held = (self.q_bf16, self.d, self.m)
+        elif self._kernel is not None:
+            held = (self.q_blocks, self.d, self.m)
+        else:
+            held = (self.kernel_weight, self.kernel_scale_zeros)
         return sum(t.numel() * t.element_size() for t in held)
 
     def groups(self) -> Int4Groups:
+        if self._bf16 is not None:
+            d, m = unblock_scales(self.d, self.m, self.out_features)
+            return Int4Groups(unpack_bf16_blocks(self.q_bf16, self.out_features), d, m,
+                              self.group_size)
         if self._kernel is not None:
             return Int4Groups(unpack_blocks(self.q_blocks), self.d.float(), self.m.float(),
                               self.group_size)

@@ -1,7 +1,8 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense fallback)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense
+                                          fallback; int4_bf16 kernel on AVX512-BF16)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
                                           fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_blocks_kernel,
-                                        int4_kernel_fits, int4_kernel_runs_on)
+from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
+                                        int4_blocks_kernel, int4_kernel_fits,
+                                        int4_kernel_runs_on)
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
@@ -41,6 +43,12 @@ QUANTIZATIONS = ("auto", "none", "int8", "w8a8_int8")
 # shapes (int4: 3.2 vs 7.8 ms per decode step at 1 row, 4.4 at 4, 8.1 vs 8.0 at 8;
 # docs/benchmarks.md, "Linear methods").
 DEFAULT_SMALL_BATCH_MAX_M = 4
+# Rows up to which the int4_bf16 kernel (int4 weights x bf16 activations, AVX512-BF16)
+# beats oneDNN's bf16 GEMM on the same shapes: it unpacks each weight block once for all
+# rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
+# "int4 x bf16 kernel"). The int8 head keeps DEFAULT_SMALL_BATCH_MAX_M, so a speculative
+# verify's row cap (the smallest max_m: speculative/verify_rows.py) stays 4.
+DEFAULT_INT4_BF16_MAX_M = 8
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class LinearPolicy:
     prepack: bool = True
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
+    int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
@@ -90,10 +99,15 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
     if policy.quantization == "w8a8_int8" and w8a8_kernel_available(device):
         return W8A8Int8Linear.from_dense(weight)
-    blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
-    if int4 is not None and policy.keeps_int4(dtype, device) and int4_kernel_fits(int4, blocks):
-        return Int4GroupwiseLinear(int4, dense(weight), policy.small_batch_max_m,
-                                   use_blocks=blocks)
+    if int4 is not None and policy.keeps_int4(dtype, device):
+        blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
+        bf16 = not blocks and int4_bf16_kernel_usable()
+        if int4_kernel_fits(int4, blocks, bf16):
+            max_m = policy.small_batch_max_m
+            if bf16:
+                max_m = max(max_m, policy.int4_bf16_max_m)
+            return Int4GroupwiseLinear(int4, dense(weight), max_m, use_blocks=blocks,
+                                       use_bf16=bf16)
     if int8 is not None and policy.keeps_int8(dtype, device):
         return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
