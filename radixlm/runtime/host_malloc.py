@@ -6,9 +6,9 @@ activations on every step; fixed thresholds (mmap above 32 MiB; keep 256 MiB of 
 heap) made a 1024-token prefill ~20% faster (docs/benchmarks.md, "CPU fast path").
 Huge pages: a decode step streams every weight once, and on 4 KiB pages the TLB misses
 cap the read (Gemma 3's 200 MB int8 head: 1.4-1.8x faster on 2 MiB pages). The loaded
-weights are collapsed in place (MADV_COLLAPSE) and the KV pool advised before its first
-touch; not every allocation (c10's THP_MEM_ALLOC_ENABLE): then each fresh activation
-buffer paid a huge-page fault (a 6 MB cast 0.2 -> 8-21 ms). docs/tuning.md has more.
+weights are collapsed in place (MADV_COLLAPSE); the KV pool maps fresh zero pages, huge
+when written. Not every allocation (c10's THP_MEM_ALLOC_ENABLE): then each fresh
+activation buffer paid a huge-page fault (a 6 MB cast 0.2 -> 8-21 ms). See docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -105,19 +105,29 @@ def collapse_to_huge_pages(tensors: Iterable["torch.Tensor"]) -> int:
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: "torch.dtype") -> "torch.Tensor":
-    """torch.zeros on the CPU whose fresh pages fault in as huge pages (MADV_HUGEPAGE over
-    the 2 MiB-aligned interior before the zeroing touches it; a no-op where unsupported)."""
+    """A zero CPU tensor on its own private anonymous mapping, advised MADV_HUGEPAGE: the
+    kernel's zero pages, faulted in (as huge pages) on first write, so creating it costs
+    no pass over the memory (a 1.4 GB KV pool zeroed with torch.zeros took seconds of
+    every start). Unmapped when the tensor and its views are gone."""
+    import mmap
+
     import torch
 
-    t = torch.empty(shape, dtype=dtype)
-    if sys.platform.startswith("linux") and thp_mode() in ("madvise", "always") and t.numel():
-        start = t.data_ptr()
-        lo = -(-start // HUGE_PAGE) * HUGE_PAGE
-        hi = (start + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = itemsize
+    for n in shape:
+        nbytes *= n
+    if nbytes == 0 or not sys.platform.startswith("linux"):
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(buf, dtype=torch.uint8)  # keeps `buf` mapped while it lives
+    start = raw.data_ptr()
+    offset = -start % HUGE_PAGE
+    if thp_mode() in ("madvise", "always"):
         libc = _libc()
-        if hi > lo and libc is not None:
-            libc.madvise(lo, hi - lo, MADV_HUGEPAGE)
-    return t.zero_()
+        if libc is not None:
+            libc.madvise(start + offset, nbytes // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE)
+    return raw[offset:offset + nbytes].view(dtype).view(shape)
 
 
 def _libc() -> "ctypes.CDLL | None":

@@ -60,12 +60,20 @@ def test_collapse_moves_weights_to_huge_pages_in_place():
     assert weight.data_ptr() == ptr and torch.equal(weight, before)
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
 @pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="no transparent huge pages")
-def test_kv_pool_buffers_fault_in_as_huge_pages():
+def test_kv_pool_maps_zero_pages_that_turn_huge_when_written():
     from radixlm.mem.token_to_kv_pool import TokenToKVPool
 
-    pool = TokenToKVPool(65536, 2, 3, 64, torch.bfloat16)  # 24 MiB a buffer
+    before = _rss()
+    pool = TokenToKVPool(65536, 4, 3, 64, torch.bfloat16)  # 8 buffers of 24 MiB
+    assert _rss() - before < 16 << 20  # nothing touched yet: no pass over 192 MiB
     for buf in (*pool.k_buffers, *pool.v_buffers):
-        assert buf.abs().sum() == 0
-        interior = -(-buf.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # (the advice splits the mapping)
-        assert anon_huge_kib(interior) >= 16 << 10
+        assert buf.abs().sum() == 0 and buf.is_contiguous()
+        buf.fill_(1.0)
+        assert anon_huge_kib(buf.data_ptr()) >= 16 << 10
+    assert pool.k_buffers[0].sum() == pool.k_buffers[0].numel()
