@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from dataclasses import dataclass
 
 import zmq
 
@@ -25,13 +26,19 @@ class LaunchError(RuntimeError):
     pass
 
 
-def start_children(args: ServerArgs, endpoints: IpcEndpoints,
-                   timeout_s: float = 1800.0) -> tuple[list[mp.Process], SchedulerReady]:
-    """Spawn scheduler (+ detokenizer, --detokenizer-mode process); block until the
-    scheduler reports ready."""
+@dataclass
+class Spawned:
+    """Children started, not yet ready: `wait_ready` blocks until the scheduler says so."""
+
+    procs: list[mp.Process]
+    control: zmq.Socket
+
+
+def spawn_children(args: ServerArgs, endpoints: IpcEndpoints) -> Spawned:
+    """Spawn scheduler (+ detokenizer, --detokenizer-mode process; + this host's other TP
+    ranks) and return at once: they load the model while the caller goes on."""
     ctx = mp.get_context("spawn")
-    zctx = zmq.Context.instance()
-    control = make_socket(zctx, zmq.PULL, endpoints.control, bind=True)
+    control = make_socket(zmq.Context.instance(), zmq.PULL, endpoints.control, bind=True)
     if args.tp_size > 1:  # every rank must get the same rendezvous address
         from radixlm.runtime.distributed import resolve_dist_init_addr
         args = resolve_dist_init_addr(args)
@@ -39,11 +46,23 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
     if args.detokenizer_mode == "process":  # else the API process detokenizes
         procs.append(ctx.Process(target=run_detokenizer_process, args=(args, endpoints),
                                  name="detokenizer", daemon=True))
-    for p in procs:
-        p.start()
-    if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks
-        from radixlm.runtime.tp_ranks import spawn_follower_ranks
-        procs += spawn_follower_ranks(args, 1)
+    try:
+        for p in procs:
+            p.start()
+        if args.tp_size > 1:  # the scheduler above is TP rank 0; this host's other ranks
+            from radixlm.runtime.tp_ranks import spawn_follower_ranks
+            procs += spawn_follower_ranks(args, 1)
+    except BaseException:
+        stop_children(procs)
+        control.close()
+        raise
+    return Spawned(procs, control)
+
+
+def wait_ready(spawned: Spawned, timeout_s: float = 1800.0) -> SchedulerReady:
+    """Block until the scheduler reports ready; on failure (its error, a child's death,
+    the timeout, a signal) stop every child and raise."""
+    procs, control = spawned.procs, spawned.control
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -52,7 +71,7 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
                 if isinstance(msg, SchedulerFailed):
                     raise LaunchError(f"the scheduler could not start:\n{msg.error}")
                 assert isinstance(msg, SchedulerReady)
-                return procs, msg
+                return msg
             dead = [p.name for p in procs if not p.is_alive()]
             if dead:
                 raise LaunchError(f"child process exited during start-up: {', '.join(dead)}")
@@ -62,6 +81,13 @@ def start_children(args: ServerArgs, endpoints: IpcEndpoints,
         raise
     finally:
         control.close()
+
+
+def start_children(args: ServerArgs, endpoints: IpcEndpoints,
+                   timeout_s: float = 1800.0) -> tuple[list[mp.Process], SchedulerReady]:
+    """spawn_children, then wait_ready."""
+    spawned = spawn_children(args, endpoints)
+    return spawned.procs, wait_ready(spawned, timeout_s)
 
 
 def stop_children(procs: list[mp.Process]) -> None:
