@@ -95,6 +95,56 @@ void add_rms_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const raw_t<T>*
   });
 }
 
+// Gemma's RMSNorm of one row x [n]: o = cast(x * rsqrt(mean(x^2) + eps) * w1) with w1 =
+// 1 + w precomputed in float32 (HF Gemma3RMSNorm: both products in float32, one cast at
+// the end, where Llama's rounds before the weight).
+template <typename T>
+inline void gemma_rms_norm_row(const raw_t<T>* __restrict x, const float* __restrict w1,
+                               raw_t<T>* __restrict o, int64_t n, float eps) {
+  using E = Elem<T>;
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = E::load(x[i]);
+    ss += v * v;
+  }
+  const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float normed = E::load(x[i]) * scale;
+    o[i] = E::store(normed * w1[i]);
+  }
+}
+
+// Each group of m consecutive elements of each row x[t] ([groups * m]) normalized alone
+// (m = n: the whole row; m = head_dim: Gemma's per-head q/k norms).
+template <typename T>
+void gemma_rms_norm_rows(const raw_t<T>* x, const float* w1, raw_t<T>* out, int64_t rows,
+                         int64_t groups, int64_t m, int64_t x_stride, float eps) {
+  at::parallel_for(0, rows, grain_rows(groups * m), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t g = 0; g < groups; ++g)
+        gemma_rms_norm_row<T>(x + r * x_stride + g * m, w1, out + (r * groups + g) * m, m, eps);
+  });
+}
+
+// A sandwich block's end: sum[t] = cast(x[t] + GemmaNorm_post(delta[t])) (the block's
+// output norm, then the residual add, each rounded as torch rounds them), then, when
+// w_next is given, out[t] = GemmaNorm_next(sum[t]) (the next block's input norm).
+template <typename T>
+void gemma_norm_add_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const float* w_post,
+                              const float* w_next, raw_t<T>* sum, raw_t<T>* out, int64_t rows,
+                              int64_t n, int64_t x_stride, int64_t d_stride, float eps) {
+  using E = Elem<T>;
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const raw_t<T>* __restrict xr = x + r * x_stride;
+      raw_t<T>* __restrict sr = sum + r * n;
+      gemma_rms_norm_row<T>(delta + r * d_stride, w_post, sr, n, eps);  // sr = the normed delta
+      for (int64_t i = 0; i < n; ++i) sr[i] = E::store(E::load(xr[i]) + E::load(sr[i]));
+      if (w_next != nullptr) gemma_rms_norm_row<T>(sr, w_next, out + r * n, n, eps);
+    }
+  });
+}
+
 // out[t, i] = cast(cast(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]
 // (the rows of gate_up are [gate | up]; torch's F.silu(gate) * up rounds at those points).
 template <typename T>
@@ -208,6 +258,50 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, to
   return {sum, out};
 }
 
+// x [T, groups * m] (rows may be strided), w1 = 1 + w [m] float32 -> [T, groups * m]
+// contiguous, each group of m normalized alone.
+torch::Tensor gemma_rms_norm(torch::Tensor x, torch::Tensor w1, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && w1.dim() == 1 && w1.size(0) > 0
+              && x.size(1) % w1.size(0) == 0 && w1.scalar_type() == at::kFloat
+              && w1.is_contiguous(),
+              "gemma_rms_norm: x [T, groups * m] with contiguous rows, w1 [m] float32");
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  const int64_t m = w1.size(0);
+  dispatch(x.scalar_type(), "gemma_rms_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    gemma_rms_norm_rows<T>(raw_ptr<T>(x), w1.data_ptr<float>(), raw_ptr<T>(out), x.size(0),
+                           x.size(1) / m, m, x.stride(0), static_cast<float>(eps));
+  });
+  return out;
+}
+
+// x, delta [T, n] (rows may be strided) of one dtype, w_post / w_next = 1 + w [n] float32
+// (w_next may be empty) -> (x + GemmaNorm_post(delta), GemmaNorm_next of it or an empty
+// tensor), [T, n] contiguous.
+std::vector<torch::Tensor> gemma_norm_add_norm(torch::Tensor x, torch::Tensor delta,
+                                               torch::Tensor w_post, torch::Tensor w_next,
+                                               double eps) {
+  const bool next = w_next.numel() > 0;
+  auto ok_w = [&](const torch::Tensor& w) {
+    return w.dim() == 1 && w.size(0) == x.size(1) && w.scalar_type() == at::kFloat
+           && w.is_contiguous();
+  };
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && delta.sizes() == x.sizes() && delta.stride(1) == 1
+              && delta.scalar_type() == x.scalar_type() && ok_w(w_post) && (!next || ok_w(w_next)),
+              "gemma_norm_add_norm: x, delta [T, n] with contiguous rows, one dtype; "
+              "w_post, w_next [n] float32");
+  auto sum = torch::empty({x.size(0), x.size(1)}, x.options());
+  auto out = next ? torch::empty({x.size(0), x.size(1)}, x.options()) : torch::empty({0}, x.options());
+  dispatch(x.scalar_type(), "gemma_norm_add_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    gemma_norm_add_norm_rows<T>(raw_ptr<T>(x), raw_ptr<T>(delta), w_post.data_ptr<float>(),
+                                next ? w_next.data_ptr<float>() : nullptr, raw_ptr<T>(sum),
+                                next ? raw_ptr<T>(out) : nullptr, x.size(0), x.size(1),
+                                x.stride(0), delta.stride(0), static_cast<float>(eps));
+  });
+  return {sum, out};
+}
+
 // gate_up [T, 2 * inter] (rows may be strided) -> silu(gate) * up [T, inter].
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
@@ -226,5 +320,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (see the file's header).");
   m.def("rotary", &rotary, "Neox rotary embedding of each head of each row.");
   m.def("add_rms_norm", &add_rms_norm, "The residual add, then RMSNorm, of each row.");
+  m.def("gemma_rms_norm", &gemma_rms_norm, "Gemma's (1 + w) RMSNorm of each group of each row.");
+  m.def("gemma_norm_add_norm", &gemma_norm_add_norm,
+        "Gemma's block output norm, the residual add, then the next block's input norm.");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of each row of [gate | up].");
 }

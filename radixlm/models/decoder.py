@@ -128,9 +128,12 @@ class DecoderLayer(nn.Module):
                 hidden = residual + hidden
             attn = self.self_attn.forward(rope, self.input_layernorm.forward(hidden),
                                           forward_batch)
-            hidden = hidden + self.post_attention_layernorm.forward(attn)
-            mlp = self.mlp.forward(self.pre_feedforward_layernorm.forward(hidden))
-            return hidden + self.post_feedforward_layernorm.forward(mlp), None
+            # hidden + post_norm(attn), then the MLP input's norm of that: one kernel pass.
+            hidden, x = self.post_attention_layernorm.norm_add_forward(
+                hidden, attn, self.pre_feedforward_layernorm)
+            mlp = self.mlp.forward(x)
+            hidden, _ = self.post_feedforward_layernorm.norm_add_forward(hidden, mlp)
+            return hidden, None
         if residual is None:
             residual, x = hidden, self.input_layernorm.forward(hidden)
         else:
@@ -287,3 +290,7 @@ class DecoderForCausalLM(nn.Module):
         missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+        for module in self.modules():  # e.g. GemmaRMSNorm's float32 1 + w
+            after = getattr(module, "process_weights_after_loading", None)
+            if after is not None:
+                after()
