@@ -12,7 +12,7 @@ from radixlm.planning.activation_guard import ActivationBudgetExceeded
 from radixlm.sampling_params import SamplingParams
 from tests.engine_checks import assert_all_slots_back
 
-GREEDY = SamplingParams(max_new_tokens=6)
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)  # 6 tokens whatever the draw
 
 
 def run(engine, prompts, params=GREEDY):
