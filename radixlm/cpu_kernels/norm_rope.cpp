@@ -52,17 +52,24 @@ const raw_t<T>* raw_ptr(const torch::Tensor& t) { return reinterpret_cast<const 
 template <typename T>
 raw_t<T>* raw_ptr(torch::Tensor& t) { return reinterpret_cast<raw_t<T>*>(t.data_ptr<T>()); }
 
-// o = weight * cast(x * rsqrt(mean(x^2) + eps)) of one row x [n], in float32 (HF's order).
+// rsqrt(mean(x^2) + eps) of one row x [n], summed in float32.
 template <typename T>
-inline void rms_norm_row(const raw_t<T>* __restrict x, const raw_t<T>* __restrict w,
-                         raw_t<T>* __restrict o, int64_t n, float eps) {
+inline float inv_rms(const raw_t<T>* __restrict x, int64_t n, float eps) {
   using E = Elem<T>;
   float ss = 0.f;
   for (int64_t i = 0; i < n; ++i) {
     const float v = E::load(x[i]);
     ss += v * v;
   }
-  const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+// o = weight * cast(x * rsqrt(mean(x^2) + eps)) of one row x [n], in float32 (HF's order).
+template <typename T>
+inline void rms_norm_row(const raw_t<T>* __restrict x, const raw_t<T>* __restrict w,
+                         raw_t<T>* __restrict o, int64_t n, float eps) {
+  using E = Elem<T>;
+  const float scale = inv_rms<T>(x, n, eps);
   for (int64_t i = 0; i < n; ++i) {
     const float normed = E::load(E::store(E::load(x[i]) * scale));
     o[i] = E::store(E::load(w[i]) * normed);
@@ -102,12 +109,7 @@ template <typename T>
 inline void gemma_rms_norm_row(const raw_t<T>* __restrict x, const float* __restrict w1,
                                raw_t<T>* __restrict o, int64_t n, float eps) {
   using E = Elem<T>;
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = E::load(x[i]);
-    ss += v * v;
-  }
-  const float scale = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const float scale = inv_rms<T>(x, n, eps);
   for (int64_t i = 0; i < n; ++i) {
     const float normed = E::load(x[i]) * scale;
     o[i] = E::store(normed * w1[i]);

@@ -295,9 +295,7 @@ class Sampler:
             vals, order = probs.topk(k, dim=-1)
         else:
             vals, order = probs.sort(dim=-1, descending=True)
-        before = vals.cumsum(dim=-1) - vals  # mass strictly before each token
-        rank = torch.arange(k, device=probs.device)[None, :]
-        cut = (rank >= top_ks.unsqueeze(1)) | (before >= top_ps.unsqueeze(1))
+        cut, before = Sampler._cut_mask(vals, top_ks, top_ps)
         out = torch.zeros_like(probs).scatter_(-1, order, vals.masked_fill(cut, 0.0))
         if k < vocab:
             # A row without a cut keeps everything; one whose (k+1)-th token would still
@@ -314,10 +312,17 @@ class Sampler:
     def _top_k_p_sorted(probs: torch.Tensor, top_ks: torch.Tensor,
                         top_ps: torch.Tensor) -> torch.Tensor:
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-        cut = (rank >= top_ks.unsqueeze(1)) | ((sorted_p.cumsum(dim=-1) - sorted_p)
-                                                >= top_ps.unsqueeze(1))
+        cut, _ = Sampler._cut_mask(sorted_p, top_ks, top_ps)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(cut, 0.0))
+
+    @staticmethod
+    def _cut_mask(sorted_p: torch.Tensor, top_ks: torch.Tensor,
+                  top_ps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For probabilities in descending order: which to drop (rank >= top_k, or the mass
+        strictly before them already >= top_p), and that mass."""
+        before = sorted_p.cumsum(dim=-1) - sorted_p
+        rank = torch.arange(sorted_p.shape[-1], device=sorted_p.device)[None, :]
+        return (rank >= top_ks.unsqueeze(1)) | (before >= top_ps.unsqueeze(1)), before
 
     @staticmethod
     def _logprobs(raw: torch.Tensor | None, next_ids: torch.Tensor,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from collections.abc import Iterable
@@ -45,10 +46,9 @@ def tune_host_malloc() -> bool:
     """Set the thresholds (idempotent); False where there is no glibc mallopt."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # musl and others: no mallopt
         return False
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -64,12 +64,8 @@ def release_free_heap() -> bool:
     forward then pays its page faults again, once. True if memory was released."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(trim(0))
+    trim = getattr(_libc(), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
 
 
 def collapse_to_huge_pages(tensors: Iterable["torch.Tensor"]) -> int:
@@ -130,7 +126,9 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: "torch.dtype") -> "torch.
     return raw[offset:offset + nbytes].view(dtype).view(shape)
 
 
+@functools.cache
 def _libc() -> "ctypes.CDLL | None":
+    """The C library (errno kept for madvise), loaded once; None where it cannot be."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

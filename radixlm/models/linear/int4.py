@@ -131,15 +131,12 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         if use_bf16 and not use_blocks and (self._bf16 is None or groups.group_size != 32):
             raise RuntimeError("use_bf16: the int4_bf16 kernel is not built for AVX512-BF16 "
                                "here, or the groups are not of 32")
-        if self._bf16 is not None:
-            self.register_buffer("q_bf16", pack_bf16_blocks(groups.q), persistent=False)
-            d, m = block_scales(groups.d, groups.m)
-            self.register_buffer("d", d, persistent=False)
-            self.register_buffer("m", m, persistent=False)
-            return
-        if self._kernel is not None:
-            self.register_buffer("q_blocks", pack_blocks(groups.q), persistent=False)
-            d, m = compact_scales(groups.d, groups.m)
+        if self._bf16 is not None or self._kernel is not None:  # one C++ kernel's layout
+            name, pack, scales = (("q_bf16", pack_bf16_blocks, block_scales)
+                                  if self._bf16 is not None
+                                  else ("q_blocks", pack_blocks, compact_scales))
+            self.register_buffer(name, pack(groups.q), persistent=False)
+            d, m = scales(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
             self.register_buffer("m", m, persistent=False)
             return
