@@ -21,7 +21,9 @@ from radixlm.constrained.constraint import Constraint
 
 class GrammarMatcher(ABC):
     """The state of one constrained sequence (one request, one `n` sample). Used on the
-    scheduler thread only."""
+    scheduler thread only. `vocab_size`: the LM head's (the bitmask's width)."""
+
+    vocab_size: int
 
     @abstractmethod
     def accept(self, token_id: int) -> bool:
@@ -36,6 +38,15 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """The grammar is complete and accepted its end (a stop token): nothing more may
         be generated."""
+
+    def allows_no_token(self) -> bool:
+        """No token of the vocabulary may come next: the grammar needs text this tokenizer
+        cannot produce (e.g. a JSON format with a vocabulary without "{"). One bitmask
+        fill: for admission and for the diagnosis of a rejected token, not per step."""
+        mask = torch.zeros((1, (self.vocab_size + 31) // 32), dtype=torch.int32)
+        self.fill_bitmask(mask, 0)
+        bits = (mask[0].unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
+        return not bool(bits.flatten()[: self.vocab_size].any())
 
     def find_jump_forward_string(self) -> str:
         """The text every continuation must start with ("" when more than one first

@@ -31,6 +31,13 @@ from radixlm.constrained.stats import GrammarStats
 logger = logging.getLogger(__name__)
 
 
+def no_token_error(field: str, generated: int) -> str:
+    """The 400 for a grammar that allows no token of the model's vocabulary."""
+    return (f"invalid {field}: after {generated} generated tokens the grammar allows no "
+            "token of this model's vocabulary (the tokenizer cannot produce the text it "
+            "requires)")
+
+
 @dataclass(slots=True)
 class Pending:
     req: Any  # radixlm.scheduler.req.Req
@@ -135,7 +142,11 @@ class GrammarQueue:
             return Outcome(p.req, f"constrained decoding is unavailable: {_first_line(e)}")
         if entry.error is not None:
             return Outcome(p.req, entry.error)
-        p.req.grammar = self.backend.matcher(entry.compiled)
+        matcher = self.backend.matcher(entry.compiled)
+        if matcher.allows_no_token():
+            c = p.req.sampling_params.constraint
+            return Outcome(p.req, no_token_error(c.field or c.kind, generated=0))
+        p.req.grammar = matcher
         return Outcome(p.req, None)
 
     def _record_wait(self, p: Pending, now: float) -> None:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from radixlm.constrained.backend import GrammarBackend
-from radixlm.constrained.grammar_queue import GrammarQueue, Outcome
+from radixlm.constrained.grammar_queue import GrammarQueue, Outcome, no_token_error
 from radixlm.constrained.stats import GrammarStats
 from radixlm.constrained.step_mask import GrammarStep
 
@@ -99,7 +99,14 @@ class ConstrainedDecoding:
         a matcher and is not finished)."""
         m = req.grammar
         if not m.accept(token):
-            # Cannot happen for a masked sample; stop rather than emit invalid output.
+            # A masked sample is always allowed, unless the mask allowed nothing (a
+            # grammar this tokenizer cannot complete): the request's fault, a 400.
+            if m.allows_no_token():
+                c = req.sampling_params.constraint
+                generated = max(0, len(req.output_ids) - 1)  # the rejected one is appended
+                req.finish("abort", error=no_token_error(c.field or c.kind, generated),
+                           error_status=CONSTRAINT_ERROR_STATUS)
+                return
             logger.error("request %s: token %d rejected by its grammar", req.rid, token)
             req.finish("abort", error=f"internal error: sampled token {token} violates the "
                                       "request's grammar")

@@ -58,10 +58,11 @@ def parse_grammar(kind: str, spec: str) -> Any:
 
 
 class XGrammarMatcher(GrammarMatcher):
-    __slots__ = ("m",)
+    __slots__ = ("m", "vocab_size")
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
         self.m = matcher
+        self.vocab_size = vocab_size
 
     def accept(self, token_id: int) -> bool:
         return bool(self.m.accept_token(token_id))
@@ -113,7 +114,7 @@ class XGrammarBackend(GrammarBackend):
         raise ValueError(f"unknown constraint kind {kind!r}")
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
-        return XGrammarMatcher(_xgr().GrammarMatcher(compiled))
+        return XGrammarMatcher(_xgr().GrammarMatcher(compiled), self.vocab_size)
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
                       rows: list[int]) -> None:

@@ -32,3 +32,25 @@ def test_huge_temperatures_sample(engine: Engine, temperature: float) -> None:
                                                     seed=3, ignore_eos=True))
     assert len(out["output_ids"]) == 4
     assert_all_slots_back(engine)
+
+
+@pytest.mark.parametrize("kind,spec,generated", [
+    ("json_object", "", 0),      # refused when admitted: no first token of JSON exists
+    ("regex", r"w1\{", 1),       # refused after "w1": the vocabulary has no "{"
+])
+def test_grammar_the_vocabulary_cannot_follow_is_a_400(engine: Engine, kind: str, spec: str,
+                                                       generated: int) -> None:
+    # The tiny model's vocabulary is "w0".."w252" and specials: a grammar needing "{" left
+    # no token allowed, the all -inf row sampled token 0, and its rejection was a 500.
+    from radixlm.constrained.constraint import Constraint
+
+    out = engine.generate([5, 6, 7], SamplingParams(
+        max_new_tokens=8, temperature=0, constraint=Constraint(kind, spec, "field_x")))
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == "abort" and meta["error_status"] == 400, meta
+    assert meta["error"].startswith(f"invalid field_x: after {generated} generated tokens "
+                                    "the grammar allows no token"), meta["error"]
+    ok = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3, temperature=0,
+                                                   ignore_eos=True))
+    assert len(ok["output_ids"]) == 3
+    assert_all_slots_back(engine)

@@ -110,7 +110,7 @@ class _SlowBackend(GrammarBackend):
         return constraint.spec
 
     def matcher(self, compiled):
-        return SimpleNamespace(compiled=compiled)
+        return SimpleNamespace(compiled=compiled, allows_no_token=lambda: False)
 
 
 def _req(rid: str) -> SimpleNamespace:
