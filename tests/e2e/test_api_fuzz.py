@@ -63,5 +63,7 @@ def _grammar_without_tokens_is_a_400(url: str) -> None:
             r = httpx.post(url + path, json={**body, "stream": stream},
                            timeout=60)
             assert r.status_code == 400, (path, stream, r.text)
-            assert "grammar allows no token of this model's vocabulary" in \
-                r.json()["error"]["message"], r.text
+            message = r.json()["error"]["message"]
+            assert "grammar allows no token of this model's vocabulary" in message, r.text
+            field = "response_format" if path == "/v1/chat/completions" else "text.format"
+            assert message.startswith(f"invalid {field}"), r.text

@@ -171,6 +171,9 @@ def test_text_format_json_schema(client: Any) -> None:
     ({"background": True}, "background"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    # Checked on the chat path, named as the Responses API spells it.
+    ({"text": {"format": {"type": "json_schema", "name": "x",
+                          "schema": {"type": "no-such-type"}}}}, "text.format.schema"),
 ])
 def test_unsupported_fields_are_400(client: Any, extra: dict, param: str) -> None:
     body = {"model": "m", "input": "hi", "max_output_tokens": 2, **extra}
@@ -178,6 +181,7 @@ def test_unsupported_fields_are_400(client: Any, extra: dict, param: str) -> Non
         client.responses.create(**body)
     err = e.value.body
     assert err["param"] == param and param.split("[")[0].split(".")[0] in err["message"], err
+    assert "response_format" not in err["message"], err
 
 
 def test_unknown_ids_are_404(client: Any, server: str) -> None:

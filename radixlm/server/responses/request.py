@@ -146,6 +146,22 @@ class ResponsesRequest(BaseModel):
             {k: v for k, v in body.items() if v is not None}, strict=False)
 
 
+# The chat path names the format's fields as the chat API spells them; a Responses client
+# wrote them under `text.format` (longest first: one is a prefix of the other).
+_CHAT_TO_RESPONSES_FIELDS = (("response_format.json_schema.schema", "text.format.schema"),
+                             ("response_format", "text.format"))
+
+
+def responses_field_names(text: str | None) -> str | None:
+    """`text` (an error message or param from the chat path) with the chat API's field
+    names for the output format replaced by the Responses API's."""
+    if text is None:
+        return None
+    for chat, responses in _CHAT_TO_RESPONSES_FIELDS:
+        text = text.replace(chat, responses)
+    return text
+
+
 def _text_of(content: Any, where: str) -> str:
     """The text of a message's content: a string or text parts (input_text, output_text)."""
     if content is None or isinstance(content, str):

@@ -18,12 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.server.chat import create_chat_completion
-from radixlm.server.errors import APIError
+from radixlm.constrained.constraint import ConstraintError
+from radixlm.server.errors import APIError, GenerateError
 from radixlm.server.http_util import SSEResponse
 from radixlm.server.responses.objects import (conversation_after, new_id,
                                               output_of_chat_message, response_body, status_of,
                                               usage_of)
-from radixlm.server.responses.request import ResponsesRequest
+from radixlm.server.responses.request import ResponsesRequest, responses_field_names
 from radixlm.server.responses.store import ResponseStore, StoredResponse
 from radixlm.server.responses.stream import ResponseEvents, response_events
 from radixlm.server.tokenizer_manager import TokenizerManager
@@ -57,7 +58,16 @@ async def create_response(tm: TokenizerManager, req: ResponsesRequest, model_nam
             store.put(rid, StoredResponse(body, conversation_after(conversation,
                                                                    body["output"])))
 
-    chat_resp = await create_chat_completion(tm, chat_req, model_name, request)
+    try:
+        chat_resp = await create_chat_completion(tm, chat_req, model_name, request)
+    except APIError as e:
+        raise APIError(e.status, responses_field_names(e.message) or "",
+                       responses_field_names(e.param)) from e
+    except ConstraintError as e:
+        raise ConstraintError(responses_field_names(str(e)) or "",
+                              responses_field_names(e.param)) from e
+    except GenerateError as e:
+        raise GenerateError(responses_field_names(str(e)) or "", e.status) from e
     if not stream:
         chat = json.loads(bytes(chat_resp.body))
         choice = chat["choices"][0]

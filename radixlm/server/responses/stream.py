@@ -19,6 +19,7 @@ from typing import Any
 
 from radixlm.server.responses.objects import (call_item, message_item, new_id, status_of,
                                               text_part, usage_of)
+from radixlm.server.responses.request import responses_field_names
 
 
 @dataclass
@@ -132,7 +133,9 @@ async def response_events(chat_sse: AsyncIterator[str], events: ResponseEvents,
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    err = chunk["error"]
+                    err = {**chunk["error"],
+                           "message": responses_field_names(chunk["error"].get("message")),
+                           "param": responses_field_names(chunk["error"].get("param"))}
                     yield events.event("error", code=str(err.get("code")),
                                        message=err.get("message"), param=err.get("param"))
                     # The server's own failures are "server_error"; a request's own
