@@ -26,7 +26,7 @@ mkdir -p "$OUT/src" "$OUT/bin"
 
 if ! ls "$OUT"/src/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
   echo "downloading the $SPEC source distribution"
-  "$PYTHON" -m pip download --no-binary :all: --no-deps -d "$OUT/src" "$SPEC"
+  "$PYTHON" -m pip download --no-binary llama-cpp-python --no-deps -d "$OUT/src" "$SPEC"
 fi
 SDIST="$(ls "$OUT"/src/llama_cpp_python-*.tar.gz | sort -V | tail -n 1)"
 SRC="$OUT/src/$(basename "$SDIST" .tar.gz)"
