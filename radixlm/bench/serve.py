@@ -190,7 +190,23 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
         prompt = pool_after["prompt_tokens_total"] - pool_before["prompt_tokens_total"]
         cached = pool_after["cached_tokens_total"] - pool_before["cached_tokens_total"]
         extra["server_cache_hit_rate"] = cached / prompt if prompt else 0.0
+        step_ms = _decode_step_ms(pool_before, pool_after)
+        if step_ms is not None:
+            # The server's own mean decode forward over this run, beside the ITL clients
+            # saw: what the HTTP path and scheduling add per token.
+            extra["decode_step_ms"] = step_ms
+            extra["itl_over_decode_step"] = metrics["median_itl_ms"] / step_ms
     return {**metrics, **extra, "details": details}
+
+
+def _decode_step_ms(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """Mean decode forward (ms) between two /server_info pool snapshots; None without
+    decode steps (or from a server that does not count them)."""
+    t0, t1 = before.get("step_timing") or {}, after.get("step_timing") or {}
+    steps = t1.get("decode_forwards", 0) - t0.get("decode_forwards", 0)
+    if steps <= 0:
+        return None
+    return 1000.0 * (t1["decode_forward_s"] - t0["decode_forward_s"]) / steps
 
 
 def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
@@ -226,10 +242,12 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
                     records.append(rec)
                     cpu = ", ".join(f"{k} {v:.1f} ({m['cpu_ms_per_token'].get(k, 0):.2f} ms/tok)"
                                     for k, v in (m["cpu_s"] or {}).items())
+                    step = (f" (decode step {m['decode_step_ms']:.1f} ms)"
+                            if "decode_step_ms" in m else "")
                     log(f"[repeat {r + 1}/{cfg.repeat}, concurrency {conc or 'inf'}] "
                         f"{target.name}: {m['output_throughput']:.1f} out tok/s, "
                         f"median TTFT {m['median_ttft_ms']:.0f} ms, median ITL "
-                        f"{m['median_itl_ms']:.0f} ms ({time.perf_counter() - t0:.0f} s"
+                        f"{m['median_itl_ms']:.1f} ms{step} ({time.perf_counter() - t0:.0f} s"
                         + (f"; CPU s over {m['duration']:.1f} s: {cpu}" if cpu else "") + ")")
                     _append(cfg, rec)
                 if hf is not None:  # the servers are idle meanwhile

@@ -30,6 +30,7 @@ class CudaTaskSync:
     gap_counts: bool  # StepTimer.launched(): the device gap before this task is bubble
     started: torch.cuda.Event  # forward stream, timing: the task starts
     ended: torch.cuda.Event  # forward stream, timing: the task's results are on the host
+    decode: bool = False  # a decode batch (set by `running`): StepTimer's decode counts
 
 
 class ForwardStreams(Protocol):
@@ -41,9 +42,9 @@ class ForwardStreams(Protocol):
         """Scheduler thread, at launch: `items` with their host tensors on the device, and
         the task's sync token (for `running` / `finish`)."""
 
-    def running(self, sync: Any, timer: StepTimer) -> Any:
+    def running(self, sync: Any, timer: StepTimer, decode: bool) -> Any:
         """Forward thread: a context that runs the task's device work in order after its
-        inputs, and times it."""
+        inputs, and times it (`decode`: a decode batch, also counted as one)."""
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         """Inside `running`: `t` on the host once `finish` returned."""
@@ -61,12 +62,12 @@ class HostStreams:
         return items, None
 
     @contextmanager
-    def running(self, sync: None, timer: StepTimer) -> Iterator[None]:
+    def running(self, sync: None, timer: StepTimer, decode: bool) -> Iterator[None]:
         started = timer.forward_started()
         try:
             yield
         finally:
-            timer.forward_ended(started)
+            timer.forward_ended(started, decode)
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -112,8 +113,9 @@ class CudaStreams:
         return [_with_tensors(item, moved) for item in items], sync
 
     @contextmanager
-    def running(self, sync: CudaTaskSync, timer: StepTimer) -> Iterator[None]:
+    def running(self, sync: CudaTaskSync, timer: StepTimer, decode: bool) -> Iterator[None]:
         # The current device is per thread; the forward thread starts on cuda:0.
+        sync.decode = decode
         with torch.cuda.device(self.device), torch.cuda.stream(self.forward):
             self.forward.wait_event(sync.inputs_ready)
             self.forward.wait_event(sync.pools_ready)
@@ -130,7 +132,7 @@ class CudaStreams:
 
     def finish(self, sync: CudaTaskSync, timer: StepTimer) -> None:
         sync.ended.synchronize()
-        timer.device_task_done(sync.started, sync.ended, sync.gap_counts)
+        timer.device_task_done(sync.started, sync.ended, sync.gap_counts, sync.decode)
 
 
 def make_streams(device: torch.device) -> HostStreams | CudaStreams:

@@ -138,7 +138,7 @@ class ForwardWorker:
     @torch.inference_mode()
     def _run(self, task: ForwardTask, sync: CudaTaskSync | None) -> SampleOutput | None:
         fb = task.forward_batch
-        with self.streams.running(sync, self.timer):
+        with self.streams.running(sync, self.timer, fb.forward_mode.is_decode()):
             if fb.future_token_idx is not None:
                 # Inputs whose tokens were still being sampled when this batch was built.
                 fb.input_ids[fb.future_token_idx] = self.relay[fb.future_token_rows]

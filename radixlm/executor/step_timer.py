@@ -34,6 +34,10 @@ class StepTimer:
     not counted."""
     forwards: int = 0
     forward_s: float = 0.0  # device busy: forward + sampling of every batch
+    # The same for decode batches alone (one token per request): a decode step's time,
+    # to set beside the inter-token latency a client sees.
+    decode_forwards: int = 0
+    decode_forward_s: float = 0.0
     bubble_s: float = 0.0  # device idle between two forwards while work was pending
     schedule_s: float = 0.0  # scheduler thread CPU work per step (not waiting on results)
     oom_splits: int = 0  # forwards re-run in halves after running out of memory
@@ -54,12 +58,18 @@ class StepTimer:
                 self.bubble_s += now - self.last_end
         return now
 
-    def forward_ended(self, started: float) -> None:
+    def forward_ended(self, started: float, decode: bool = False) -> None:
         now = time.perf_counter()
         with self.lock:
-            self.forwards += 1
-            self.forward_s += now - started
+            self._count(now - started, decode)
             self.last_end = now
+
+    def _count(self, seconds: float, decode: bool) -> None:
+        self.forwards += 1
+        self.forward_s += seconds
+        if decode:
+            self.decode_forwards += 1
+            self.decode_forward_s += seconds
 
     # --- device clock (scheduler thread) ------------------------------------------------
 
@@ -72,13 +82,12 @@ class StepTimer:
             return counts
 
     def device_task_done(self, started: TimingEvent, ended: TimingEvent,
-                         gap_counts: bool) -> None:
+                         gap_counts: bool, decode: bool = False) -> None:
         """A task's start and end events, both complete. Tasks must be reported in launch
         order (the scheduler reads results in that order), so `last_end_event` is the
         previous task's end."""
         with self.lock:
-            self.forwards += 1
-            self.forward_s += started.elapsed_time(ended) / 1000.0
+            self._count(started.elapsed_time(ended) / 1000.0, decode)
             if gap_counts and self.last_end_event is not None:
                 # Clamped: two events of one stream are ordered, a rounding is not.
                 self.bubble_s += max(0.0, self.last_end_event.elapsed_time(started) / 1000.0)
@@ -99,6 +108,8 @@ class StepTimer:
 
     def as_dict(self) -> dict[str, float]:
         return {"forwards": self.forwards, "forward_s": self.forward_s,
+                "decode_forwards": self.decode_forwards,
+                "decode_forward_s": self.decode_forward_s,
                 "bubble_s": self.bubble_s, "schedule_s": self.schedule_s,
                 "bubble_share": self.bubble_share, "oom_splits": self.oom_splits,
                 "oom_failures": self.oom_failures}

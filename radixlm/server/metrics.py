@@ -155,6 +155,12 @@ ENGINE_METRICS: list[MetricDef] = [
               _timing("forwards")),
     MetricDef("radixlm_forward_seconds", "Device busy time: forward + sampling of every batch.",
               "counter", _timing("forward_s")),
+    MetricDef("radixlm_decode_forward_steps", "Decode forwards run (one token per request; "
+              "speculative verifies and prefills not counted).", "counter",
+              _timing("decode_forwards")),
+    MetricDef("radixlm_decode_forward_seconds", "Device busy time of the decode forwards: "
+              "over radixlm_decode_forward_steps, the mean decode step, to set beside the "
+              "inter-token latency clients see.", "counter", _timing("decode_forward_s")),
     MetricDef("radixlm_bubble_seconds", "Device idle time between two forwards while work was "
               "pending (waiting for the CPU scheduler).", "counter", _timing("bubble_s")),
     MetricDef("radixlm_schedule_seconds", "Scheduler CPU time (receiving, building batches, "

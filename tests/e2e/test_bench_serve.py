@@ -48,7 +48,11 @@ def test_bench_serve_starts_radixlm_and_writes_json_lines(tiny_llama_dir, tmp_pa
         assert rec["server_cache_hit_rate"] == pytest.approx(rec["cache_hit_rate"])
         assert len(rec["details"]["ttfts"]) == 6
         assert rec["median_ttft_ms"] > 0 and rec["median_itl_ms"] > 0
+        # The server's mean decode step over the run, beside the ITL clients saw.
+        assert 0 < rec["decode_step_ms"] < 10_000
+        assert rec["itl_over_decode_step"] == pytest.approx(
+            rec["median_itl_ms"] / rec["decode_step_ms"])
     printed = capsys.readouterr().out
-    assert "out tok/s" in printed and "cache hit" in printed
+    assert "out tok/s" in printed and "cache hit" in printed and "decode step" in printed
     assert sorted(p.name for p in plots.iterdir()) == ["serve_throughput_vs_concurrency.png",
                                                        "serve_ttft_itl_cdf.png"]

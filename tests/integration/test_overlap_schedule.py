@@ -113,8 +113,11 @@ def test_future_tokens_are_used_and_the_bubble_is_measured(tiny_llama_dir):
     futures = []
     forward = eng.scheduler.runner.forward
 
+    decodes = []
+
     def spy(fb):
         futures.append(fb.future_token_idx is not None)
+        decodes.append(fb.forward_mode.is_decode())
         return forward(fb)
 
     eng.scheduler.runner.forward = spy
@@ -125,6 +128,7 @@ def test_future_tokens_are_used_and_the_bubble_is_measured(tiny_llama_dir):
     assert sum(futures) >= 7
     t = eng.scheduler.worker.timer
     assert t.forwards == len(futures)
+    assert t.decode_forwards == sum(decodes) >= 7 and 0 < t.decode_forward_s < t.forward_s
     assert t.forward_s > 0 and t.schedule_s > 0 and 0.0 <= t.bubble_share < 1.0
     assert_all_slots_back(eng)
 

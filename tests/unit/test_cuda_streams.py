@@ -43,12 +43,14 @@ def test_cpu_streams_are_a_passthrough():
 
 def test_cpu_streams_time_the_task_on_the_host_clock_even_when_it_raises():
     streams, timer = HostStreams(), StepTimer()
-    with streams.running(None, timer):
+    with streams.running(None, timer, True):
         pass
     with pytest.raises(RuntimeError):
-        with streams.running(None, timer):
+        with streams.running(None, timer, False):
             raise RuntimeError("forward failed")
     assert timer.forwards == 2 and timer.last_end is not None
+    # Decode batches are counted apart too (the mean decode step of /metrics).
+    assert timer.decode_forwards == 1 and 0 < timer.decode_forward_s <= timer.forward_s
 
 
 # --- packing (pure tensor logic, checked on the CPU) ---------------------------------------
@@ -97,7 +99,7 @@ def test_cuda_stage_uploads_host_tensors_and_keeps_device_ones():
         host, dev = getattr(fb, name), getattr(dfb, name)
         assert host.device.type == "cpu" and dev.is_cuda, name
     timer = StepTimer()
-    with streams.running(sync, timer):
+    with streams.running(sync, timer, True):
         assert torch.cuda.current_stream() == streams.forward
         # What a task reads on the forward stream after its waits: the uploaded values.
         got = streams.to_host(torch.cat([dfb.input_ids, dfb.positions, dfb.seq_lens, dkeep]))
@@ -119,7 +121,7 @@ def test_cuda_forward_stream_waits_for_the_scheduler_streams_writes():
     table[2] = 42  # ... then writes
     (idx,), sync = streams.stage([torch.tensor([2])], gap_counts=False)
     timer = StepTimer()
-    with streams.running(sync, timer):
+    with streams.running(sync, timer, True):
         got = streams.to_host(table[idx])
     streams.finish(sync, timer)
     assert got.tolist() == [42]

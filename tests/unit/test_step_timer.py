@@ -99,5 +99,6 @@ def test_device_clock_never_counts_a_negative_gap():
 
 def test_as_dict_keys_are_stable_and_the_timer_is_reexported():
     assert ReExported is StepTimer  # radixlm bench overlap imports it from forward_worker
-    assert list(StepTimer().as_dict()) == ["forwards", "forward_s", "bubble_s", "schedule_s",
+    assert list(StepTimer().as_dict()) == ["forwards", "forward_s", "decode_forwards",
+                                           "decode_forward_s", "bubble_s", "schedule_s",
                                            "bubble_share", "oom_splits", "oom_failures"]
