@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from radixlm.bench.cold_start import free_port, stop_server
+from radixlm.runtime.cpu_features import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,18 @@ def find_llama_server(path: str | None) -> str | None:
 
 
 def llama_server_spec(binary: str, gguf: str, parallel: int, slot_ctx: int, threads: int,
-                      port: int | None = None) -> ServerSpec:
+                      port: int | None = None, amx: bool | None = None) -> ServerSpec:
     """llama-server on `gguf` with `parallel` slots of `slot_ctx` tokens each (its `-c` is
-    the total context, split evenly over the `-np` slots)."""
+    the total context, split evenly over the `-np` slots), at its defaults but for
+    `--no-repack` on a CPU with AMX (`amx`; default: this one's flags), where its AMX
+    weight repacking crashes the server (SIGSEGV, or SIGILL at its first forward)."""
     if not gguf.endswith(".gguf"):
         raise ValueError(f"llama-server needs a GGUF model, got {gguf}")
     port = port or free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
            "-c", str(parallel * slot_ctx), "-np", str(parallel), "-t", str(threads)]
+    if amx if amx is not None else "amx_tile" in cpu_flags():
+        cmd.append("--no-repack")
     return ServerSpec("llama-server", tuple(cmd), port, "openai", restart_to_flush=True)
 
 

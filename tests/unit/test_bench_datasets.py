@@ -111,8 +111,11 @@ def test_parse_ablation_and_server_flags() -> None:
     assert spec.cmd[-6:] == ("--port", "1234", "--model", "/m", "--page-size", "4")
     assert spec.base_url == "http://127.0.0.1:1234" and spec.backend == "radixlm"
     ls = llama_server_spec("/bin/llama-server", "/m.gguf", parallel=4, slot_ctx=512,
-                           threads=2, port=9)
+                           threads=2, port=9, amx=False)
     assert ls.cmd[ls.cmd.index("-c") + 1] == "2048" and ls.cmd[ls.cmd.index("-np") + 1] == "4"
+    assert "--no-repack" not in ls.cmd  # its defaults...
+    assert llama_server_spec("/bin/llama-server", "/m.gguf", 4, 512, 2, port=9,
+                             amx=True).cmd[-1] == "--no-repack"  # ...but on AMX Xeons
     assert ls.restart_to_flush  # no endpoint empties its prompt cache: restarted per run
     assert not radixlm_spec("radixlm", None, {}, port=9).restart_to_flush
     with pytest.raises(ValueError):
