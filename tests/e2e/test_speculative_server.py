@@ -3,10 +3,10 @@
 Two servers on the default model (float32), started side by side: one with NGRAM
 speculation, one without (the reference; only its answers are used). On a copy-heavy
 prompt (rename a function in a code snippet): greedy chat and completion outputs equal the
-reference's, token logprobs too; a stream delivers several tokens in one chunk and its text adds up to
-the whole answer; `n` = 3 greedy choices all equal the reference and seeded sampled
-choices come back complete; the server accepted drafts (`/server_info`), and the pool
-is whole after every test.
+reference's, token logprobs too; a stream delivers several tokens in one chunk and its
+text adds up to the whole answer; `n` = 3 greedy choices all equal the reference and
+seeded sampled choices come back complete; the server accepted drafts (`/server_info`),
+and the pool is whole after every test.
 """
 
 from __future__ import annotations
