@@ -1,5 +1,6 @@
-"""A real `radixlm serve` subprocess for tests (tiny random model by default), and the
-pool check every test runs once the server is idle."""
+"""A real `radixlm serve` subprocess for tests (tiny random model by default), servers
+started side by side (`started_together`: their start-ups overlap), and the pool check
+every test runs once the server is idle."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 
@@ -63,6 +66,32 @@ def running_server(model: str | None, *flags: str, startup_s: float = 180,
         os.unlink(log.name)
         assert obeyed, f"server ignored SIGTERM:\n{tail}"
         assert not orphans, f"child processes left after SIGTERM: {orphans}\n{tail}"
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def started_together(*servers: AbstractContextManager[T]) -> Iterator[list[T]]:
+    """Enter every context manager at once, each in its own thread (a server's start-up is
+    mostly waiting on its children's imports and model load, so two overlap), yield what
+    they entered as, in order; exit them all in reverse order afterwards. If any fails to
+    start, the ones that started are stopped and the first error is raised."""
+    with ExitStack() as stack:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            futures = [pool.submit(cm.__enter__) for cm in servers]
+        entered: list[T] = []
+        error: BaseException | None = None
+        for cm, fut in zip(servers, futures):
+            try:
+                entered.append(fut.result())
+            except BaseException as exc:  # noqa: BLE001 -- re-raised below
+                error = error or exc
+                continue
+            stack.push(cm)
+        if error is not None:
+            raise error
+        yield entered
 
 
 def idle_pool(url: str, timeout_s: float = 30.0) -> dict:

@@ -1,9 +1,10 @@
 """`radixlm serve --enable-deterministic-inference` over HTTP, as users run it (tiny random
-Llama, two servers: prefill chunks of 8 and of 512 tokens). Three modes, each greedy and
-seeded: *single* (one prompt sent 1..4 times at once), *mixed* (the prompt among other
-prompts of other lengths, shuffled, at once), *prefix* (prompts sharing prefixes of several
-lengths, cache flushed and warm, on both chunk sizes). Every mode must give exactly one
-unique output: the same tokens and bitwise-equal logprobs (chosen and top-5)."""
+Llama, two servers started side by side: prefill chunks of 8 and of 512 tokens). Three
+modes, each greedy and seeded: *single* (one prompt sent 1..4 times at once), *mixed* (the
+prompt among other prompts of other lengths, shuffled, at once), *prefix* (prompts sharing
+prefixes of several lengths, cache flushed and warm, on both chunk sizes). Every mode must
+give exactly one unique output: the same tokens and bitwise-equal logprobs (chosen and
+top-5)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from radixlm.bench.server_proc import LaunchedServer, radixlm_spec
+from tests.server_harness import started_together
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +33,10 @@ OTHERS = [[RNG.randrange(3, 256) for _ in range(RNG.randrange(3, 70))] for _ in 
 def servers(tiny_llama_dir: str) -> Iterator[list[str]]:
     args = dict(enable_deterministic_inference=True, max_total_tokens=4096,
                 max_running_requests=16)
-    with LaunchedServer(radixlm_spec("det-chunk8", tiny_llama_dir, {
-            **args, "chunked_prefill_size": 8, "max_prefill_tokens": 8}), timeout_s=300) as a, \
+    with started_together(LaunchedServer(radixlm_spec("det-chunk8", tiny_llama_dir, {
+            **args, "chunked_prefill_size": 8, "max_prefill_tokens": 8}), timeout_s=300),
             LaunchedServer(radixlm_spec("det-chunk512", tiny_llama_dir, {
-                **args, "chunked_prefill_size": 512}), timeout_s=300) as b:
+                **args, "chunked_prefill_size": 512}), timeout_s=300)) as (a, b):
         yield [a.spec.base_url, b.spec.base_url]
 
 

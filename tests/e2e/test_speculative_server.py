@@ -1,12 +1,12 @@
 """`radixlm serve --speculative-algorithm NGRAM` through the official `openai` client.
 
-Two servers on the default model (float32): one with NGRAM speculation, one without (the
-reference; it is stopped once its answers are taken). On a copy-heavy prompt (rename a
-function in a code snippet): greedy chat and completion outputs equal the reference's,
-token logprobs too; a stream delivers several tokens in one chunk and its text adds up to
-the whole answer; `n` = 3 greedy choices all equal the reference and seeded sampled
-choices come back complete; the server accepted drafts (`/server_info`), and the pool
-is whole after every test.
+Two servers on the default model (float32), started side by side: one with NGRAM
+speculation, one without (the reference; only its answers are used). On a copy-heavy
+prompt (rename a function in a code snippet): greedy chat and completion outputs equal the
+reference's, token logprobs too; a stream delivers several tokens in one chunk and its
+text adds up to the whole answer; `n` = 3 greedy choices all equal the reference and
+seeded sampled choices come back complete; the server accepted drafts (`/server_info`),
+and the pool is whole after every test.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.server_harness import running_server
+from tests.server_harness import running_server, started_together
 
 pytestmark = [pytest.mark.slow, requires_default_model,
               pytest.mark.usefixtures("pool_invariant")]
@@ -57,22 +57,29 @@ def _client(url: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
-    """The answers of a server without speculation."""
-    with running_server(None, *FLAGS) as srv:
-        client = _client(srv.url)
-        (m,) = client.models.list().data
-        comp = _complete(client, m.id, logprobs=2)
-        return {"chat": _chat(client, m.id).choices[0].message.content,
-                "text": comp.choices[0].text,
-                "tokens": comp.choices[0].logprobs.tokens,
-                "logprobs": comp.choices[0].logprobs.token_logprobs}
+def servers() -> Iterator[tuple[str, str]]:
+    """(reference, speculative): started side by side (their start-ups overlap)."""
+    with started_together(running_server(None, *FLAGS),
+                          running_server(None, *FLAGS, "--speculative-algorithm", "NGRAM")
+                          ) as (ref, spec):
+        yield ref.url, spec.url
 
 
 @pytest.fixture(scope="module")
-def server(reference) -> Iterator[str]:
-    with running_server(None, *FLAGS, "--speculative-algorithm", "NGRAM") as srv:
-        yield srv.url
+def reference(servers: tuple[str, str]) -> dict[str, Any]:
+    """The answers of the server without speculation."""
+    client = _client(servers[0])
+    (m,) = client.models.list().data
+    comp = _complete(client, m.id, logprobs=2)
+    return {"chat": _chat(client, m.id).choices[0].message.content,
+            "text": comp.choices[0].text,
+            "tokens": comp.choices[0].logprobs.tokens,
+            "logprobs": comp.choices[0].logprobs.token_logprobs}
+
+
+@pytest.fixture(scope="module")
+def server(servers: tuple[str, str], reference: dict[str, Any]) -> str:
+    return servers[1]
 
 
 @pytest.fixture(scope="module")
