@@ -60,7 +60,9 @@ class LinearPolicy:
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
     # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
-    # groups (1.125): its calls of up to the larger of small_batch_max_m, int4_bf16_max_m rows.
+    # groups (1.125), for the calls of up to small_batch_max_m rows the int8 kernel took
+    # (its per-row cost is bf16 dot products: past 1-2 rows no faster than int8 VNNI, and
+    # slower than AMX bf16 GEMMs; docs/benchmarks.md "q5_bf16 kernel").
     q5_kernel: bool = True
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
@@ -114,8 +116,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
                                        use_bf16=bf16)
     if int8 is not None and policy.keeps_int8(dtype, device):
         if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
-            return Q5GroupwiseLinear(int8, dense(weight),
-                                     max(policy.small_batch_max_m, policy.int4_bf16_max_m))
+            return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
         return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
