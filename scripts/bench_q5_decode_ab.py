@@ -1,10 +1,10 @@
-"""Gemma 3 270M Q4_K_M batch-1 decode steps, Q5_0 layers on the q5_bf16 kernel vs as int8
+"""Gemma 3 270M Q4_K_M decode steps of `--batch` requests (default 1), Q5_0 layers on the q5_bf16 kernel vs as int8
 groups (`LinearPolicy(q5_kernel=False)`, the path before), both models in one process and
 their steps interleaved (A, B, A, B, ...), so that a shared, loaded machine disturbs both
 alike. Eager forward through the real pools (tests' PoolHarness), bf16 KV.
 
     PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_q5_decode_ab.py \
-        [--steps 64] [--threads 1]
+        [--steps 64] [--threads 1] [--batch 4]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -35,20 +36,21 @@ def main() -> None:
     for name, policy in (("q5_bf16", LinearPolicy("auto")),
                          ("int8 groups", LinearPolicy("auto", q5_kernel=False))):
         model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)
-        mb = sum(m.bytes_read(1) for m in top_level_methods(model)) / 1e6
-        h = PoolHarness(model, cfg, max_requests=1, max_context=args.prompt_len + args.steps + 8,
-                        num_slots=args.prompt_len + args.steps + 16, kv_dtype=torch.bfloat16)
-        row = h.new_request()
-        ids = [2] + [(7 * i) % 5000 + 100 for i in range(args.prompt_len - 1)]
+        mb = sum(m.bytes_read(args.batch) for m in top_level_methods(model)) / 1e6
+        per = args.prompt_len + args.steps + 8
+        h = PoolHarness(model, cfg, max_requests=args.batch, max_context=per,
+                        num_slots=args.batch * per + 8, kv_dtype=torch.bfloat16)
+        rows = [h.new_request() for _ in range(args.batch)]
         with torch.inference_mode():
-            h.extend([row], [ids])
-        runs[name] = (h, row, mb, [])
-    print(f"threads {torch.get_num_threads()}, {args.steps} interleaved steps each")
+            for b, row in enumerate(rows):
+                h.extend([row], [[2] + [(7 * i + b) % 5000 + 100 for i in range(args.prompt_len - 1)]])
+        runs[name] = (h, rows, mb, [])
+    print(f"threads {torch.get_num_threads()}, batch {args.batch}, {args.steps} interleaved steps each")
     with torch.inference_mode():
         for step in range(args.steps):
-            for name, (h, row, _, times) in runs.items():
+            for name, (h, rows, _, times) in runs.items():
                 t0 = time.perf_counter()
-                h.decode([row], [100 + step])
+                h.decode(rows, [100 + step] * len(rows))
                 times.append((time.perf_counter() - t0) * 1e3)
     for name, (_, _, mb, times) in runs.items():
         print(f"{name:12s} weights read/step {mb:7.2f} MB  step ms median {statistics.median(times):7.2f}"
