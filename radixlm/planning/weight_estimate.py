@@ -5,7 +5,7 @@ Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the
 projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
 CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
 top of the dense fallback) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
-weight, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
+weight, or Q5_0's 5-bit groups, 22 / 32, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
 head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
@@ -191,24 +191,48 @@ def gguf_int4_tensors(path: str) -> frozenset[str]:
                      and hf_name(t.name, arch).endswith(_LINEAR_WEIGHTS))
 
 
+# Projections one layer fuses (ColumnParallelLinear): its form is 5-bit only when all are.
+_FUSED = (("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+          ("gate_proj.weight", "up_proj.weight"))
+
+
+def _fused_siblings(name: str) -> list[str]:
+    for group in _FUSED:
+        for suffix in group:
+            if name.endswith("." + suffix):
+                stem = name[:-len(suffix)]
+                return [stem + s for s in group]
+    return [name]
+
+
 def gguf_int8_tensors(path: str) -> dict[str, float]:
     """HF name -> bytes a weight of its int8 groups, for a GGUF's Q8_0/Q5_0/Q6_K
     projections, and embedding / lm_head of a large vocabulary (`INT8_HEAD_MIN_ROWS`): what
-    `--quantization auto` keeps as int8."""
+    `--quantization auto` keeps as int8. Q5_0 projections whose fused layer is all Q5_0
+    keep 5-bit groups instead where the q5_bf16 kernel runs (22 bytes per 32 weights)."""
+    from gguf import GGMLQuantizationType
+
     from radixlm.models.gguf_int8 import int8_group_size, is_int8_type
     from radixlm.models.gguf_loader import gguf_architecture, hf_name, open_gguf
     from radixlm.models.linear.policy import INT8_HEAD_MIN_ROWS
+    from radixlm.models.linear.q5_bf16 import q5_bf16_kernel_usable
 
     reader = open_gguf(path)
     arch = gguf_architecture(reader)
+    types = {hf_name(t.name, arch): t.tensor_type for t in reader.tensors
+             if t.name != "rope_freqs.weight"}
+    q5 = q5_bf16_kernel_usable()
     out = {}
     for t in reader.tensors:
         if t.name == "rope_freqs.weight" or not is_int8_type(t.tensor_type):
             continue
         name = hf_name(t.name, arch)
         rows = int(t.shape[-1])  # GGUF lists dims fastest-first
-        if name.endswith(_LINEAR_WEIGHTS) or (name.endswith(_VOCAB_PARALLEL)
-                                              and rows >= INT8_HEAD_MIN_ROWS):
+        if name.endswith(_LINEAR_WEIGHTS):
+            fused = [types.get(n) for n in _fused_siblings(name) if n in types]
+            five = q5 and all(ft == GGMLQuantizationType.Q5_0 for ft in fused)
+            out[name] = 22 / 32 if five else 1 + 4 / int8_group_size(t.tensor_type)
+        elif name.endswith(_VOCAB_PARALLEL) and rows >= INT8_HEAD_MIN_ROWS:
             out[name] = 1 + 4 / int8_group_size(t.tensor_type)
     return out
 

@@ -1,5 +1,5 @@
 """Gemma 3 270M Q4_K_M kept at its own size (`--quantization auto`, bf16 CPU run): every
-projection is int4 (Q4_K) or int8 groups (Q5_0, Q8_0, Q6_K), the tied Q8_0 head computes
+projection is int4 (Q4_K), 5-bit (Q5_0) or int8 groups (Q8_0, Q6_K), the tied Q8_0 head computes
 one-row calls from int8 groups and the embedding looks its rows up there. Against
 the same file loaded all-bf16 (`--quantization none`): prompt logits close (the weights
 are the same values; sums differ in order), greedy tokens equal on the parity prompts or
@@ -17,6 +17,7 @@ from radixlm.models import load_model
 from radixlm.models.linear import (Int4GroupwiseLinear, Int8GroupwiseLinear, LinearPolicy,
                                    weight_bytes_by_format)
 from radixlm.models.linear.int8_groups import int8_groups_kernel
+from radixlm.models.linear.q5_bf16 import Q5GroupwiseLinear, q5_bf16_kernel_usable
 from radixlm.models.linear.policy import DEFAULT_SMALL_BATCH_MAX_M, top_level_methods
 from tests.conftest import gemma3_270m_path, requires_gemma3_270m
 from tests.conftest_models import PoolHarness, rel_err
@@ -54,7 +55,10 @@ def models():
 def test_formats_and_memory(models):
     quant, dense, _ = models
     kinds = {type(m) for m in top_level_methods(quant)}
-    assert kinds == {Int4GroupwiseLinear, Int8GroupwiseLinear}, kinds
+    # Q5_0 layers: the q5_bf16 kernel where it runs (AVX512-BF16), else int8 groups; the
+    # qkv of the layers whose v is Q8_0 stays int8 groups either way.
+    q5 = {Q5GroupwiseLinear} if q5_bf16_kernel_usable() else set()
+    assert kinds == {Int4GroupwiseLinear, Int8GroupwiseLinear} | q5, kinds
     assert isinstance(quant.logits_method, Int8GroupwiseLinear)
     assert quant.logits_method.max_m == DEFAULT_SMALL_BATCH_MAX_M  # larger: the dense head
     assert quant.model.embed_tokens.weight is None  # lookups read the head's int8 rows

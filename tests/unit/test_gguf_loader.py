@@ -54,10 +54,13 @@ def to_gguf_name(name: str, arch: str = "llama") -> str:
 
 
 def write_gguf(hf: torch.nn.Module, path: str,
-               extra: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+               extra: dict[str, np.ndarray] | None = None,
+               quantized: dict[str, GGMLQuantizationType] | None = None) -> dict[str, torch.Tensor]:
     """Write `hf` as a llama (or qwen2, qwen3, gemma3) GGUF plus `extra` raw tensors;
-    returns the HF state the file encodes (the Q8_0 and F16 tensors after their
-    quantization round trip)."""
+    returns the HF state the file encodes (the quantized and F16 tensors after their
+    quantization round trip). `quantized`: HF name -> block type (default: Q8_TENSOR
+    as Q8_0)."""
+    quantized = {Q8_TENSOR: GGMLQuantizationType.Q8_0} if quantized is None else quantized
     c = hf.config
     arch = _ARCHS.get(c.model_type, "llama")
     w = GGUFWriter(path, arch)
@@ -91,9 +94,9 @@ def write_gguf(hf: torch.nn.Module, path: str,
             arr = arr + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
         if gemma_norm:  # what the file encodes: w through + 1 and - 1 in float32
             expected[name] = torch.from_numpy(arr - np.float32(1.0))
-        elif name == Q8_TENSOR:
-            q = quantize(arr, GGMLQuantizationType.Q8_0)
-            expected[name] = torch.from_numpy(dequantize(q, GGMLQuantizationType.Q8_0).copy())
+        elif name in quantized:
+            q = quantize(arr, quantized[name])
+            expected[name] = torch.from_numpy(dequantize(q, quantized[name]).copy())
         elif name == F16_TENSOR:
             expected[name] = torch.from_numpy(arr.astype(np.float16).astype(np.float32))
         else:
@@ -103,9 +106,9 @@ def write_gguf(hf: torch.nn.Module, path: str,
             arr = llama_cpp_permute(arr, c.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             arr = llama_cpp_permute(arr, c.num_key_value_heads)
-        if name == Q8_TENSOR:
-            w.add_tensor(to_gguf_name(name, arch), quantize(arr, GGMLQuantizationType.Q8_0),
-                         raw_dtype=GGMLQuantizationType.Q8_0)
+        if name in quantized:
+            w.add_tensor(to_gguf_name(name, arch), quantize(arr, quantized[name]),
+                         raw_dtype=quantized[name])
         elif name == F16_TENSOR:
             w.add_tensor(to_gguf_name(name, arch), arr.astype(np.float16))
         else:
@@ -133,16 +136,16 @@ _FAMILY_KW = {
 }
 
 
-@pytest.fixture(scope="module",
-                params=["llama_untied", "llama_tied", "qwen2_bias", "qwen3", "gemma3"])
-def checkpoint(request, tmp_path_factory):
-    qwen2 = request.param == "qwen2_bias"
+def tiny_hf(family: str) -> torch.nn.Module:
+    """A tiny random HF model of `family` (llama_untied, llama_tied, qwen2_bias, qwen3,
+    gemma3): hidden 64, 2 layers, 4 heads of 16, weights ~0.2 N(0, 1), norms ~1."""
+    qwen2 = family == "qwen2_bias"
     config_cls, extra = _FAMILY_KW.get(
-        request.param, (transformers.Qwen2Config if qwen2 else transformers.LlamaConfig, {}))
+        family, (transformers.Qwen2Config if qwen2 else transformers.LlamaConfig, {}))
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
               max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
-              tie_word_embeddings=request.param == "llama_tied", bos_token_id=1,
+              tie_word_embeddings=family == "llama_tied", bos_token_id=1,
               eos_token_id=2)
     kw.update(extra)
     if "rope_parameters" in kw:
@@ -154,6 +157,13 @@ def checkpoint(request, tmp_path_factory):
         for name, p in hf.named_parameters():
             noise = torch.randn(p.shape, generator=g)
             p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+    return hf
+
+
+@pytest.fixture(scope="module",
+                params=["llama_untied", "llama_tied", "qwen2_bias", "qwen3", "gemma3"])
+def checkpoint(request, tmp_path_factory):
+    hf = tiny_hf(request.param)
     path = str(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     expected = write_gguf(hf, path)
     hf.load_state_dict(expected, strict=False)  # HF now holds the quantized values too

@@ -3,6 +3,7 @@
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
     --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense
                                           fallback; int4_bf16 kernel on AVX512-BF16)
+    --quantization auto, bf16 CPU, GGUF Q5_0 -> Q5GroupwiseLinear (q5_bf16, AVX512-BF16)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
                                           fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
@@ -10,9 +11,8 @@
     otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
     otherwise                             -> DenseLinear (F.linear)
 
-The int4/int8 kernels are CPU kernels on bfloat16 activations: on CUDA and in float32
-runs the weights are dense (the checkpoint's values, dequantized). Each tensor-parallel
-rank builds the methods of its own shards.
+The int4/5-bit/int8 kernels are CPU kernels on bf16 activations (CUDA, float32 runs: dense
+weights, the checkpoint's values). Each tensor-parallel rank builds its own shards' methods.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from radixlm.models.linear.int8_groups import (Int8Groups, Int8GroupwiseLinear,
                                                int8_groups_kernel_runs_on)
 from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
                                           onednn_prepack_available, storage_key)
+from radixlm.models.linear.q5_bf16 import Q5GroupwiseLinear, fits_q5, q5_bf16_kernel_usable
 from radixlm.models.linear.w8a8 import W8A8Int8Linear, w8a8_kernel_available
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
+    # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
+    # groups (1.125), for the calls of up to small_batch_max_m rows the int8 kernel took
+    # (its per-row cost is bf16 dot products: cache-resident calls of 2+ rows are slower
+    # than int8 VNNI, whole-model decode steps of 1 and 4 rows 7-12% faster; AMX bf16 GEMMs
+    # win from a few rows; docs/benchmarks.md "q5_bf16 kernel").
+    q5_kernel: bool = True
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
@@ -109,6 +116,8 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             return Int4GroupwiseLinear(int4, dense(weight), max_m, use_blocks=blocks,
                                        use_bf16=bf16)
     if int8 is not None and policy.keeps_int8(dtype, device):
+        if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
+            return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
         return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):

@@ -1,0 +1,243 @@
+// x @ W.T for 5-bit groupwise weights, w[n, k] = d[n, g] * (q[n, k] - 16) (g = k / 32,
+// q in 0..31, d a float16: GGUF's Q5_0), read at their own size (0.6875 bytes a weight:
+// 4 bits + 1 bit + 2 bytes of d per 32), with x UNQUANTIZED: bf16 dot products
+// (AVX512-BF16 vdpbf16ps: exact bf16 x bf16 products, float32 sums). Each 5-bit q
+// becomes the bf16 of 128 + q by putting 0x43 in the high byte of its 16-bit lane (exact:
+// 128..159 are bf16 integers), and the offset goes into the group's additive term
+// -144 d (float32, formed per group in the kernel):
+//
+//     y[i, n] = sum_g d[n, g] * (x[i, g, :] . (128 + q[n, g, :])) - 144 d[n, g] * S[i, g]
+//
+// with S the float32 sum of the group's x. The offset costs a cancellation of about
+// 159 / 8 ~ 20 float32 ulps of the group's sum |x| |w| (~1e-5 relative), far below the
+// bf16 rounding of x itself. float32 x is split into two bf16 rows (hi + lo: ~16 mantissa
+// bits) whose results are added.
+//
+// Weight layout (packed at load by models/linear/q5_bf16_blocks.py): output channels in
+// blocks of 16 (the last padded with q = d = 0), per block and group of 32 columns 320
+// bytes: 4 chunks of 8 columns x 64 bytes of low nibbles (int4_bf16.cpp's layout: they
+// unpack into 4 registers r of 32 bf16 lanes, lane 2 j + e = channel j, column 8 chunk +
+// 2 r + e), then per chunk two 64-bit masks: bit b of the first = the high bit (16) of the
+// value in byte b's low nibble, of the second = that of byte b's high nibble (added to the
+// unpacked nibble bytes with one masked vpaddb each). d: [blocks, groups, 16] float16.
+//
+// Invariants: x [M, K] bf16 or float32 contiguous, K % 32 == 0; y [M, N] in x's dtype,
+// each output's float32 sum rounded once. Built only with AVX512-BF16 (q5_bf16_path()
+// says 0 otherwise and the matmul refuses: callers keep the int8_groups kernel).
+#include "torch_api.h"
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define RADIXLM_Q5_BF16 1
+#else
+#define RADIXLM_Q5_BF16 0
+#endif
+
+namespace {
+
+constexpr int kGroup = 32;
+constexpr int kBlockN = 16;
+constexpr int kRowBlock = 8;
+constexpr int64_t kGroupBytes = 320;  // 256 nibble bytes + 4 x 16 mask bytes
+
+#if RADIXLM_Q5_BF16
+
+struct Rows {
+  const uint16_t* x;  // [R, K] bf16 bits
+  const float* s;     // [R, ng] group sums
+  int64_t K, ng;
+};
+
+// NB blocks of 16 channels (starting at block b0) against MB rows (starting at m0);
+// out[i * ostride + nb * 16 + j] for i < MB.
+template <int MB, int NB>
+inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16_t* dp,
+                      int64_t b0, float* out, int64_t ostride) {
+  const int64_t K = X.K, ng = X.ng;
+  constexpr int AC = (MB * NB >= 8) ? 1 : 2;  // accumulators per (row, block): chains
+  const int64_t bstride = ng * kGroupBytes;    // bytes per block of 16 channels
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  const __m512i hi43 = _mm512_set1_epi8(0x43);
+  __m512 tot[NB][MB];
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < MB; ++i) tot[b][i] = _mm512_setzero_ps();
+  const uint16_t* xr[MB];
+  for (int i = 0; i < MB; ++i) xr[i] = X.x + (m0 + i) * K;
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512 acc[NB][MB][AC];
+    for (int b = 0; b < NB; ++b)
+      for (int i = 0; i < MB; ++i)
+        for (int a = 0; a < AC; ++a) acc[b][i][a] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int ch = 0; ch < 4; ++ch) {
+      const int64_t k0 = g * kGroup + 8 * ch;
+      for (int b = 0; b < NB; ++b) {
+        const uint8_t* gp = wp + (b0 + b) * bstride + g * kGroupBytes;
+        const __m512i p = _mm512_loadu_si512(gp + 64 * ch);
+        uint64_t mlo, mhi;
+        std::memcpy(&mlo, gp + 256 + 16 * ch, 8);
+        std::memcpy(&mhi, gp + 256 + 16 * ch + 8, 8);
+        __m512i lo = _mm512_and_si512(p, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, bit4);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, bit4);
+        __m512bh w[4];
+        w[0] = (__m512bh)_mm512_unpacklo_epi8(lo, hi43);
+        w[1] = (__m512bh)_mm512_unpackhi_epi8(lo, hi43);
+        w[2] = (__m512bh)_mm512_unpacklo_epi8(hi, hi43);
+        w[3] = (__m512bh)_mm512_unpackhi_epi8(hi, hi43);
+        for (int i = 0; i < MB; ++i) {
+          for (int r = 0; r < 4; ++r) {
+            int32_t pair;
+            std::memcpy(&pair, xr[i] + k0 + 2 * r, 4);
+            acc[b][i][r % AC] = _mm512_dpbf16_ps(acc[b][i][r % AC], w[r],
+                                                 (__m512bh)_mm512_set1_epi32(pair));
+          }
+        }
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(dp + ((b0 + b) * ng + g) * kBlockN)));
+      const __m512 cv = _mm512_mul_ps(_mm512_set1_ps(-144.f), dv);
+      for (int i = 0; i < MB; ++i) {
+        __m512 a = acc[b][i][0];
+        if (AC == 2) a = _mm512_add_ps(a, acc[b][i][AC - 1]);
+        tot[b][i] = _mm512_fmadd_ps(a, dv, tot[b][i]);
+        tot[b][i] = _mm512_fmadd_ps(cv, _mm512_set1_ps(X.s[(m0 + i) * ng + g]), tot[b][i]);
+      }
+    }
+  }
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * ostride + b * kBlockN, tot[b][i]);
+}
+
+template <int NB>
+void rows_dot(const Rows& X, int64_t m0, int64_t mb, const uint8_t* wp, const uint16_t* dp,
+              int64_t b0, float* out, int64_t ostride) {
+  switch (mb) {
+    case 8: block_dot<8, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 7: block_dot<7, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 6: block_dot<6, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 5: block_dot<5, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 4: block_dot<4, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 3: block_dot<3, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    case 2: block_dot<2, NB>(X, m0, wp, dp, b0, out, ostride); break;
+    default: block_dot<1, NB>(X, m0, wp, dp, b0, out, ostride); break;
+  }
+}
+
+// bf16 bits of x (float32: hi rows then lo rows) and their group sums.
+void prepare(const torch::Tensor& x, std::vector<uint16_t>& xb, std::vector<float>& s,
+             int64_t& R) {
+  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
+  const bool f32 = x.scalar_type() == torch::kFloat;
+  R = f32 ? 2 * M : M;
+  xb.resize(R * K);
+  s.resize(R * ng);
+  if (f32) {
+    const float* xp = x.data_ptr<float>();
+    for (int64_t i = 0; i < M * K; ++i) {
+      const c10::BFloat16 hi(xp[i]);
+      const c10::BFloat16 lo(xp[i] - static_cast<float>(hi));
+      xb[i] = hi.x;
+      xb[M * K + i] = lo.x;
+    }
+  } else {
+    std::memcpy(xb.data(), x.data_ptr(), M * K * 2);
+  }
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t g = 0; g < ng; ++g) {
+      const uint16_t* src = xb.data() + i * K + g * kGroup;
+      const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
+      const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16))), 16));
+      s[i * ng + g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+    }
+}
+
+#endif
+
+}  // namespace
+
+int64_t q5_bf16_path() { return RADIXLM_Q5_BF16; }
+
+torch::Tensor q5_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d, int64_t N) {
+  TORCH_CHECK(RADIXLM_Q5_BF16, "q5_bf16_matmul: built without AVX512-BF16");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat),
+              "q5_bf16_matmul: x [M, K] bfloat16 or float32 contiguous");
+  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
+  TORCH_CHECK(K % kGroup == 0, "q5_bf16_matmul: K a multiple of 32");
+  const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
+  TORCH_CHECK(w.scalar_type() == torch::kByte && w.is_contiguous() &&
+                  w.numel() == nblocks * ng * kGroupBytes,
+              "q5_bf16_matmul: w [ceil(N / 16), K / 32 * 320] uint8 contiguous");
+  TORCH_CHECK(d.scalar_type() == torch::kHalf && d.is_contiguous() &&
+                  d.numel() == nblocks * ng * kBlockN,
+              "q5_bf16_matmul: d [ceil(N / 16), K / 32, 16] float16 contiguous");
+  auto y = torch::empty({M, N}, x.options());
+#if RADIXLM_Q5_BF16
+  if (M == 0 || N == 0) return y;
+  std::vector<uint16_t> xb;
+  std::vector<float> s;
+  int64_t R;
+  prepare(x, xb, s, R);
+  const Rows X{xb.data(), s.data(), K, ng};
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  // Blocks at a time: enough independent dot-product chains (vdpbf16ps has a latency
+  // of several cycles) when there are few rows.
+  const int NB = (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
+  const int64_t units = (nblocks + NB - 1) / NB;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    // res [R, 64]: row r's results for the unit's (up to) 4 blocks.
+    std::vector<float> res(R * 4 * kBlockN);
+    constexpr int64_t kStride = 4 * kBlockN;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t b0 = u * NB;
+      const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
+      for (int64_t m0 = 0; m0 < R; m0 += kRowBlock) {
+        const int64_t mb = std::min<int64_t>(kRowBlock, R - m0);
+        float* out = res.data() + m0 * kStride;
+        if (nb == 4)
+          rows_dot<4>(X, m0, mb, wp, dp, b0, out, kStride);
+        else if (nb == 2)
+          rows_dot<2>(X, m0, mb, wp, dp, b0, out, kStride);
+        else
+          for (int b = 0; b < nb; ++b)
+            rows_dot<1>(X, m0, mb, wp, dp, b0 + b, out + b * kBlockN, kStride);
+      }
+      const int64_t n0 = b0 * kBlockN;
+      const int64_t nv = std::min<int64_t>(nb * kBlockN, N - n0);
+      for (int64_t i = 0; i < M; ++i) {
+        const float* v = res.data() + i * kStride;
+        if (bf16) {
+          auto* yp = y.data_ptr<c10::BFloat16>() + i * N + n0;
+          for (int64_t j = 0; j < nv; ++j) yp[j] = static_cast<c10::BFloat16>(v[j]);
+        } else {  // hi row i plus lo row M + i
+          const float* v2 = res.data() + (M + i) * kStride;
+          float* yp = y.data_ptr<float>() + i * N + n0;
+          for (int64_t j = 0; j < nv; ++j) yp[j] = v[j] + v2[j];
+        }
+      }
+    }
+  });
+#endif
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.def("q5_bf16_matmul", &q5_bf16_matmul,
+        "x [M, K] bf16/f32 @ (d * (q - 16) per group of 32).T -> [M, N] in x's dtype; x "
+        "unquantized (bf16 dot products; see the source).");
+  mod.def("q5_bf16_path", &q5_bf16_path, "1 AVX512-BF16, 0 not built for it.");
+}

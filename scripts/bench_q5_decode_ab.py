@@ -1,0 +1,61 @@
+"""Gemma 3 270M Q4_K_M decode steps of `--batch` requests (default 1), Q5_0 layers on the q5_bf16 kernel vs as int8
+groups (`LinearPolicy(q5_kernel=False)`, the path before), both models in one process and
+their steps interleaved (A, B, A, B, ...), so that a shared, loaded machine disturbs both
+alike. Eager forward through the real pools (tests' PoolHarness), bf16 KV.
+
+    PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_q5_decode_ab.py \
+        [--steps 64] [--threads 1] [--batch 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from radixlm.models import load_model
+from radixlm.models.linear import LinearPolicy
+from radixlm.models.linear.policy import top_level_methods
+from radixlm.models.packaged import gemma3_270m_gguf
+from tests.conftest_models import PoolHarness
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = gemma3_270m_gguf()
+    runs = {}
+    for name, policy in (("q5_bf16", LinearPolicy("auto")),
+                         ("int8 groups", LinearPolicy("auto", q5_kernel=False))):
+        model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)
+        mb = sum(m.bytes_read(args.batch) for m in top_level_methods(model)) / 1e6
+        per = args.prompt_len + args.steps + 8
+        h = PoolHarness(model, cfg, max_requests=args.batch, max_context=per,
+                        num_slots=args.batch * per + 8, kv_dtype=torch.bfloat16)
+        rows = [h.new_request() for _ in range(args.batch)]
+        with torch.inference_mode():
+            for b, row in enumerate(rows):
+                h.extend([row], [[2] + [(7 * i + b) % 5000 + 100 for i in range(args.prompt_len - 1)]])
+        runs[name] = (h, rows, mb, [])
+    print(f"threads {torch.get_num_threads()}, batch {args.batch}, {args.steps} interleaved steps each")
+    with torch.inference_mode():
+        for step in range(args.steps):
+            for name, (h, rows, _, times) in runs.items():
+                t0 = time.perf_counter()
+                h.decode(rows, [100 + step] * len(rows))
+                times.append((time.perf_counter() - t0) * 1e3)
+    for name, (_, _, mb, times) in runs.items():
+        print(f"{name:12s} weights read/step {mb:7.2f} MB  step ms median {statistics.median(times):7.2f}"
+              f"  p25 {statistics.quantiles(times, n=4)[0]:7.2f}  min {min(times):7.2f}")
+
+
+if __name__ == "__main__":
+    main()
