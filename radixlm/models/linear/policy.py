@@ -46,9 +46,13 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # Rows up to which the int4_bf16 kernel (int4 weights x bf16 activations, AVX512-BF16)
 # beats oneDNN's bf16 GEMM on the same shapes: it unpacks each weight block once for all
 # rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
-# "int4 x bf16 kernel"). The int8 head keeps DEFAULT_SMALL_BATCH_MAX_M, so a speculative
-# verify's row cap (the smallest max_m: speculative/verify_rows.py) stays 4.
+# "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
+# Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
+# stay on their kernel: 8, so that a speculative verify of up to 8 rows (the smallest
+# max_m: speculative/verify_rows.py) computes every row as the decode steps do and keeps
+# the int4 x bf16 kernels' 8 rows (docs/benchmarks.md, "Verify rows up to 8").
+DEFAULT_INT8_GROUPS_MAX_M = 8
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
+    int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
@@ -109,7 +114,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             return Int4GroupwiseLinear(int4, dense(weight), max_m, use_blocks=blocks,
                                        use_bf16=bf16)
     if int8 is not None and policy.keeps_int8(dtype, device):
-        return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
+        return Int8GroupwiseLinear(int8, dense(weight), policy.int8_groups_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
@@ -119,7 +124,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
 
 # Vocabulary rows from which the LM head keeps int8 groups for calls of at most
-# `small_batch_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
+# `int8_groups_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
 # reads them, its dense table dropped. Quiet 2-vCPU EPYC (Zen 4), two threads
 # (scripts/bench_int8_groups.py, docs/benchmarks.md), int8 over prepacked bf16 at 1 / 2 /
 # 4 rows: 1.46x / 1.48x / 0.85x on Gemma 3's 262144 x 640 head, 2.23x / 2.30x / 0.99x on
@@ -130,14 +135,14 @@ INT8_HEAD_MIN_ROWS = 32768
 
 def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
                      policy: LinearPolicy) -> LinearMethod:
-    """The LM head's method: its int8 groups (calls of up to `small_batch_max_m` rows) over
+    """The LM head's method: its int8 groups (calls of up to `int8_groups_max_m` rows) over
     the dense method of the same values (larger calls) when the policy keeps int8 and the
     vocabulary is large (the head then reads the most bytes of any weight), else what
     `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
     if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
             and policy.keeps_int8(weight.dtype, weight.device)):
         return Int8GroupwiseLinear(int8, make_linear_method(weight, None, policy),
-                                   policy.small_batch_max_m)
+                                   policy.int8_groups_max_m)
     return make_linear_method(weight, None, policy)
 
 
