@@ -10,7 +10,10 @@ interleaved in rounds so that load on the machine hits them alike:
     decode            one token per request (ForwardMode.DECODE; the C++ decode kernel);
     verify (extend)   k + 1 tokens per request, TARGET_VERIFY through the extend loop
                       (per request SDPA with the causal mask; the path before the kernel);
-    verify (kernel)   the same batch, its rows as decode rows of the C++ kernel.
+    verify (kernel)   the same batch, its rows as decode rows of the C++ kernel;
+    verify (int8 N)   with --int8-max-m N: the kernel batch again with the int8-group
+                      methods' small-call limit (the default model's LM head) set to N for
+                      the call (4: the limit before it took 8 rows; beyond N a dense GEMM).
 
 Each is ModelRunner.forward (embedding to logits at every row: a verify's LM head runs on
 k + 1 rows), median and minimum over --iters rounds (on a loaded machine the minimum is
@@ -31,6 +34,8 @@ import torch
 
 from radixlm.engine import Engine
 from radixlm.forward_batch import ForwardBatch, ForwardMode
+from radixlm.models.linear.int8_groups import Int8GroupwiseLinear
+from radixlm.models.linear.policy import top_level_methods
 from radixlm.models.loader import resolve_model_path
 
 
@@ -72,6 +77,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="requests per step")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--int8-max-m", type=int, default=None,
+                    help="also time the kernel verify with the int8-group methods' limit at this")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",")]
     if args.num_threads:
@@ -96,9 +103,13 @@ def main() -> None:
     runner.forward(_batch(runner, ForwardMode.EXTEND, rows, slots, 0, p, vocab, g))
     print(f"model {os.path.basename(model_path)}, dtype {runner.dtype}, batch {args.batch}, prompt {p}, threads {torch.get_num_threads()},"
           f" {args.iters} rounds")
+    methods = [m for m in top_level_methods(runner.model) if isinstance(m, Int8GroupwiseLinear)]
+    limits = [m.max_m for m in methods]
+    names = ["extend", "kernel"] + ([f"int8 {args.int8_max_m}"] if args.int8_max_m else [])
     times: dict[str, list[float]] = {"decode": []}
     for k in ks:
-        times[f"extend k={k}"], times[f"kernel k={k}"] = [], []
+        for name in names:
+            times[f"{name} k={k}"] = []
     for it in range(args.iters + 2):  # the first two rounds warm up
         rec = {"decode": _time(runner, _batch(runner, ForwardMode.DECODE, rows, slots, p, 1,
                                               vocab, g))}
@@ -107,6 +118,13 @@ def main() -> None:
                 backend.verify_kernel = kernel
                 fb = _batch(runner, ForwardMode.TARGET_VERIFY, rows, slots, p, k + 1, vocab, g)
                 rec[f"{name} k={k}"] = _time(runner, fb)
+            if args.int8_max_m:
+                for m in methods:
+                    m.max_m = args.int8_max_m
+                fb = _batch(runner, ForwardMode.TARGET_VERIFY, rows, slots, p, k + 1, vocab, g)
+                rec[f"int8 {args.int8_max_m} k={k}"] = _time(runner, fb)
+                for m, limit in zip(methods, limits):
+                    m.max_m = limit
         backend.verify_kernel = True
         if it >= 2:
             for name, t in rec.items():
@@ -116,7 +134,7 @@ def main() -> None:
     print(f"{'decode':<15}{args.batch:>5}{dec * 1e3:>11.2f}{1.0:>10.2f}{dec_min * 1e3:>9.2f}"
           f"{1.0:>10.2f}")
     for k in ks:
-        for name in ("extend", "kernel"):
+        for name in names:
             t, t_min = statistics.median(times[f"{name} k={k}"]), min(times[f"{name} k={k}"])
             print(f"{'verify ' + name:<15}{args.batch * (k + 1):>5}{t * 1e3:>11.2f}"
                   f"{t / dec:>10.2f}{t_min * 1e3:>9.2f}{t_min / dec_min:>10.2f}")

@@ -455,7 +455,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         "and random at N streams; tok/s ratios and acceptance lengths.")
     _common(sp, threads=False)
     _add_engine_arg(sp)
-    sp.add_argument("--algorithms", nargs="+", default=["NGRAM", "SUFFIX"])
+    sp.add_argument("--algorithms", nargs="+", default=["NGRAM", "SUFFIX"],
+                    help="NAME or NAME:K (K draft tokens), each a configuration beside off")
     sp.add_argument("--max-tokens", type=int, default=256)
     sp.add_argument("--random-prompts", type=int, default=4)
     sp.add_argument("--streams", type=int, nargs="*", default=[8, 32])

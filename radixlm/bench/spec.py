@@ -8,6 +8,8 @@ replayed: SUFFIX's case), random prompts (single stream, greedy); then random pr
 each --streams concurrency. Reported: output tok/s per workload and configuration, the
 ratio to off, and the acceptance (drafted, accepted, mean acceptance length) read from
 /get_server_info after each workload. Timings on a shared machine are labelled by the load.
+An --algorithms entry NAME:K runs NAME with --speculative-num-draft-tokens K (draft
+counts side by side in one run: `--algorithms NGRAM:3 NGRAM:7`).
 With --starts N every configuration is started N times, the configurations interleaved
 (off, on, ..., then the next start in reverse order), and the table gives the median tok/s
 over starts, its spread (min-max) and the ratio of the medians: start-to-start noise (~15%
@@ -179,10 +181,16 @@ def start_order(configs: list[str | None], starts: int) -> list[tuple[int, str |
     return out
 
 
+def config_args(alg: str | None) -> dict[str, Any]:
+    """The engine arguments of one configuration: None is off; NAME or NAME:K (K drafts)."""
+    if not alg:
+        return {}
+    name, _, k = alg.partition(":")
+    return {"speculative_algorithm": name, **({"speculative_num_draft_tokens": int(k)} if k else {})}
+
+
 def _one_start(cfg: SpecBenchConfig, alg: str | None, start: int, log) -> list[dict[str, Any]]:
-    args = dict(cfg.engine_args)
-    if alg:
-        args["speculative_algorithm"] = alg
+    args = {**cfg.engine_args, **config_args(alg)}
     spec = radixlm_spec(alg or "off", cfg.model, args)
     log(f"starting {' '.join(spec.cmd)} (start {start + 1}/{cfg.starts})")
     runs = []

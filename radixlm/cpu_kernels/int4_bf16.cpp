@@ -57,7 +57,10 @@ template <int MB, int NB>
 inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float* dp,
                       const float* cp, int64_t b0, float* out, int64_t ostride) {
   const int64_t K = X.K, ng = X.ng;
-  constexpr int AC = (MB * NB >= 8) ? 1 : 2;  // accumulators per (row, block): chains
+  // Accumulators per (row, block): two chains, whatever MB, so that a row's sums are added
+  // in the same order at every row count (a speculative verify's 8 rows equal its decode
+  // steps' single rows bit for bit; one chain at MB * NB >= 8 moved greedy tokens).
+  constexpr int AC = 2;
   const int64_t bstride = K * kBlockN / 2;     // bytes per block of 16 channels
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i hi43 = _mm512_set1_epi8(0x43);

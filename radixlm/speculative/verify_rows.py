@@ -3,9 +3,11 @@
 A quantized model's linear methods (`SmallBatchQuantized`: int4/int8 weight-only, bf16 CPU
 runs) use their kernel for calls of at most `max_m` rows and a dense GEMM beyond. A verify
 step of B requests with k_i drafts is B + sum(k_i) rows through every linear layer; past
-max_m rows it pays the dense path (on the default model in bf16 a 5-row verify costs about
-2x a decode step, a 4-row one about 1.4x: docs/benchmarks.md). So while B < max_m the
-drafts are cut to fit max_m rows, shared round-robin among the requests that want them.
+max_m rows it pays the dense path, and its rows are no longer computed as the decode steps
+compute them (greedy outputs could drift). So while B < max_m the drafts are cut to fit
+max_m rows, shared round-robin among the requests that want them. On the default model in
+bf16 on an AVX512-BF16 CPU that is 8 rows (the int4 x bf16 projections and the int8-group
+head both take 8: k = 7 at batch 1); without AVX512-BF16, 4.
 No cap (None) for a model without such methods (float32 runs, dense weights) or B >= max_m.
 Invariants: a budget is only ever lowered; exactness does not depend on draft lengths.
 """

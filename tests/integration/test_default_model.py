@@ -169,18 +169,18 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     from radixlm.models.gguf_loader import open_gguf, unpermute_qk
     from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
     from radixlm.models.linear.int8_groups import Int8GroupwiseLinear
-    from radixlm.models.linear.policy import DEFAULT_SMALL_BATCH_MAX_M
+    from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M
 
     (model, config), _ = bf16_pair
     for layer in model.model.layers:
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj):
             assert isinstance(lin.method, Int4GroupwiseLinear)
-    # The tied Q8_0 head: its int8 groups for calls of up to 4 rows over a prepacked
+    # The tied Q8_0 head: its int8 groups for calls of up to 8 rows over a prepacked
     # dense head; the embedding reads the int8 rows (no dense table of its own).
     head = model.logits_method
     assert isinstance(head, Int8GroupwiseLinear) and isinstance(head.fallback, PrepackedLinear)
-    assert head.max_m == DEFAULT_SMALL_BATCH_MAX_M
+    assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 8  # a verify of 8 rows stays on it
     assert model.model.embed_tokens.rows_method is head
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}
 

@@ -17,8 +17,8 @@ from radixlm.models import load_model
 from radixlm.models.linear import (Int4GroupwiseLinear, Int8GroupwiseLinear, LinearPolicy,
                                    weight_bytes_by_format)
 from radixlm.models.linear.int8_groups import int8_groups_kernel
+from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M, top_level_methods
 from radixlm.models.linear.q5_bf16 import Q5GroupwiseLinear, q5_bf16_kernel_usable
-from radixlm.models.linear.policy import DEFAULT_SMALL_BATCH_MAX_M, top_level_methods
 from tests.conftest import gemma3_270m_path, requires_gemma3_270m
 from tests.conftest_models import PoolHarness, rel_err
 
@@ -60,7 +60,7 @@ def test_formats_and_memory(models):
     q5 = {Q5GroupwiseLinear} if q5_bf16_kernel_usable() else set()
     assert kinds == {Int4GroupwiseLinear, Int8GroupwiseLinear} | q5, kinds
     assert isinstance(quant.logits_method, Int8GroupwiseLinear)
-    assert quant.logits_method.max_m == DEFAULT_SMALL_BATCH_MAX_M  # larger: the dense head
+    assert quant.logits_method.max_m == DEFAULT_INT8_GROUPS_MAX_M  # larger: the dense head
     assert quant.model.embed_tokens.weight is None  # lookups read the head's int8 rows
     q_bytes, d_bytes = (sum(weight_bytes_by_format(m).values()) for m in (quant, dense))
     # The embedding's dense table (2 bytes a weight) is gone, the head's int8 groups

@@ -1,8 +1,8 @@
 """Speculation on a bfloat16 CPU run of the default model, where the linear layers are
-int4 kernels for calls of at most 4 rows (a dense GEMM beyond): every verify step keeps
-within 4 rows (speculative/verify_rows.py), a copy-heavy prompt still accepts drafts, the
+int4/int8 kernels for calls of at most 8 rows (a dense GEMM beyond): every verify step keeps
+within 8 rows (speculative/verify_rows.py), a copy-heavy prompt still accepts drafts, the
 pool gets every slot back, and the greedy output equals the one without speculation
-(the verify rows take the same int4 kernels and the same per-row attention kernel as a
+(the verify rows take the same int4/int8 kernels and the same per-row attention kernel as a
 decode step)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from radixlm import SamplingParams
 from radixlm.engine import Engine
+from radixlm.models.linear.int4 import int4_bf16_kernel_usable
 from radixlm.speculative.verify_rows import cheap_verify_rows
 from tests.conftest import requires_default_model
 from tests.engine_checks import assert_all_slots_back
@@ -37,13 +38,16 @@ def test_verify_rows_stay_on_the_small_batch_kernels():
     params = SamplingParams(max_new_tokens=48, temperature=0.0)
     want = ref.generate(prompt, params)["output_ids"]
     del ref
-    eng = _engine(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
+    eng = _engine(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10)
     spec = eng.scheduler.speculative
-    assert spec.row_cap == 4
+    # The int4 x bf16 kernel (AVX512-BF16) and the int8-group kernel take 8 rows; without
+    # it the int4 kernels take 4.
+    cap = 8 if int4_bf16_kernel_usable() else 4
+    assert spec.row_cap == cap
     got = eng.generate(prompt, params)["output_ids"]
     stats = spec.stats
     assert stats.accepted > 0, stats.as_dict()
-    assert stats.drafted <= 3 * stats.verifies  # batch 1: 1 + 3 drafts = 4 rows
-    assert not any(stats.accept_hist[4:])
+    assert stats.drafted <= (cap - 1) * stats.verifies  # batch 1: 1 + cap - 1 drafts
+    assert not any(stats.accept_hist[cap:])
     assert_all_slots_back(eng, POOL)
     assert got == want

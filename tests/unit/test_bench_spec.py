@@ -36,3 +36,11 @@ def test_starts_interleave_and_the_table_takes_medians():
     line = next(l for l in table.splitlines() if "NGRAM" in l)
     # median 11 over median 12 (not the mean ratio, which the 30 would inflate)
     assert "0.917" in line and "9.0-30.0" in line and "2.0" in line
+
+
+def test_a_config_may_name_its_draft_count():
+    from radixlm.bench.spec import config_args
+    assert config_args(None) == {}
+    assert config_args("NGRAM") == {"speculative_algorithm": "NGRAM"}
+    assert config_args("NGRAM:7") == {"speculative_algorithm": "NGRAM",
+                                      "speculative_num_draft_tokens": 7}

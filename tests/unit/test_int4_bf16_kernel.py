@@ -119,3 +119,22 @@ def test_traces_under_torch_compile_as_the_custom_op() -> None:
     torch._dynamo.reset()
     compiled = torch.compile(lin, backend="eager", fullgraph=True)
     assert torch.equal(compiled(x), lin(x))
+
+
+@needs_kernel
+def test_rows_equal_single_row_calls_bit_for_bit() -> None:
+    """A call of 1..9 rows gives each row exactly what a one-row call gives it (a
+    speculative verify of up to 8 rows must reproduce its decode steps' logits)."""
+    g = torch.Generator().manual_seed(5)
+    n, k = 96, 256
+    groups = _groups(n, k, g)
+    d, mm = block_scales(groups.d, groups.m)
+    w = pack_bf16_blocks(groups.q)
+    # A wide exponent range (as real activations' outliers), so that float32 sums of a
+    # group's products round, and their order shows.
+    scale = torch.exp2(torch.randint(-12, 13, (9, k), generator=g).float())
+    x = (torch.randn(9, k, generator=g) * scale).bfloat16()
+    one = torch.cat([kernel.int4_bf16_matmul(x[i:i + 1].contiguous(), w, d, mm, n)
+                     for i in range(9)])
+    for m in range(2, 10):
+        assert torch.equal(kernel.int4_bf16_matmul(x[:m].contiguous(), w, d, mm, n), one[:m]), m

@@ -61,3 +61,28 @@ def test_controller_proposes_within_the_cap():
     assert [len(d.tokens) for d in capped._propose(reqs, 1000)] == [1, 1]
     free = SpeculativeDecoding(_Drafter(), 4, 4)
     assert [len(d.tokens) for d in free._propose(reqs, 1000)] == [4, 4]
+
+
+def test_int8_group_methods_take_eight_verify_rows():
+    """The int8-group methods (the default model's Q8_0 head) keep their kernel up to 8
+    rows, so they no longer cap a verify at 4 (k = 7 drafts at batch 1, not 3)."""
+    import pytest
+
+    from radixlm.models.linear.int8_groups import Int8Groups, Int8GroupwiseLinear
+    from radixlm.models.linear.policy import LinearPolicy, make_head_method, make_linear_method
+
+    policy = LinearPolicy(quantization="auto")
+    if not policy.keeps_int8(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("the int8_groups kernel did not build")
+    g = torch.Generator().manual_seed(0)
+    groups = Int8Groups(torch.randint(-128, 128, (64, 64), generator=g, dtype=torch.int8),
+                        torch.rand(64, 2, generator=g) * 1e-2)
+    weight = groups.dequantize().bfloat16()
+    proj = make_linear_method(weight, None, policy, int8=groups)
+    assert isinstance(proj, Int8GroupwiseLinear) and proj.max_m == 8
+    assert cheap_verify_rows(nn.Sequential(proj)) == 8
+    big = Int8Groups(groups.q.repeat(512, 1), groups.s.repeat(512, 1))  # 32768-row head
+    head = make_head_method(big.dequantize().bfloat16(), big, policy)
+    assert isinstance(head, Int8GroupwiseLinear) and head.max_m == 8
+    x = torch.randn(8, 64).bfloat16()
+    assert torch.equal(head(x), head.small(x))  # 8 rows: the kernel, not the dense head

@@ -47,9 +47,13 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # Rows up to which the int4_bf16 kernel (int4 weights x bf16 activations, AVX512-BF16)
 # beats oneDNN's bf16 GEMM on the same shapes: it unpacks each weight block once for all
 # rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
-# "int4 x bf16 kernel"). The int8 head keeps DEFAULT_SMALL_BATCH_MAX_M, so a speculative
-# verify's row cap (the smallest max_m: speculative/verify_rows.py) stays 4.
+# "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
+# Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
+# stay on their kernel: 8, so that a speculative verify of up to 8 rows (the smallest
+# max_m: speculative/verify_rows.py) computes every row as the decode steps do and keeps
+# the int4 x bf16 kernels' 8 rows (docs/benchmarks.md, "Verify rows up to 8").
+DEFAULT_INT8_GROUPS_MAX_M = 8
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,10 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
+    int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
-    # groups (1.125), for the calls of up to small_batch_max_m rows the int8 kernel took
-    # (its per-row cost is bf16 dot products: cache-resident calls of 2+ rows are slower
+    # groups (1.125), for calls of up to small_batch_max_m rows (fewer than int8 groups'
+    # int8_groups_max_m: it caps a Gemma verify at 4 rows; its per-row cost is bf16 dot products: cache-resident calls of 2+ rows are slower
     # than int8 VNNI, whole-model decode steps of 1 and 4 rows 7-12% faster; AMX bf16 GEMMs
     # win from a few rows; docs/benchmarks.md "q5_bf16 kernel").
     q5_kernel: bool = True
@@ -118,7 +123,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
     if int8 is not None and policy.keeps_int8(dtype, device):
         if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
             return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
-        return Int8GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
+        return Int8GroupwiseLinear(int8, dense(weight), policy.int8_groups_max_m)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
@@ -128,7 +133,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
 
 # Vocabulary rows from which the LM head keeps int8 groups for calls of at most
-# `small_batch_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
+# `int8_groups_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
 # reads them, its dense table dropped. Quiet 2-vCPU EPYC (Zen 4), two threads
 # (scripts/bench_int8_groups.py, docs/benchmarks.md), int8 over prepacked bf16 at 1 / 2 /
 # 4 rows: 1.46x / 1.48x / 0.85x on Gemma 3's 262144 x 640 head, 2.23x / 2.30x / 0.99x on
@@ -139,14 +144,14 @@ INT8_HEAD_MIN_ROWS = 32768
 
 def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
                      policy: LinearPolicy) -> LinearMethod:
-    """The LM head's method: its int8 groups (calls of up to `small_batch_max_m` rows) over
+    """The LM head's method: its int8 groups (calls of up to `int8_groups_max_m` rows) over
     the dense method of the same values (larger calls) when the policy keeps int8 and the
     vocabulary is large (the head then reads the most bytes of any weight), else what
     `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
     if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
             and policy.keeps_int8(weight.dtype, weight.device)):
         return Int8GroupwiseLinear(int8, make_linear_method(weight, None, policy),
-                                   policy.small_batch_max_m)
+                                   policy.int8_groups_max_m)
     return make_linear_method(weight, None, policy)
 
 
