@@ -211,8 +211,10 @@ def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_ca
     for token in (tok.encode("The")[0], tok.encode(" capital")[0]):
         assert rel_err(ha.decode([ra], [token])[0], hn.decode([rn], [token])[0]) < INT4_LOGITS_TOL
     # Greedy: three requests decode together (3 rows: the int4 kernel), against the dense
-    # bf16 model. Equal tokens, or a flip at a near-tie of the dense model (its top two
-    # logits within 1%), after which the texts may differ.
+    # bf16 model. Equal tokens, or a flip at a near-tie of the dense model, after which the
+    # texts may differ: its top two logits closer than two of the errors the decode logits
+    # are allowed above (each may move by INT4_LOGITS_TOL of the largest |logit|; a flip
+    # at a 1.4% gap followed the int4 kernel's summation order, 2026-12-06).
     outs_a = PoolHarness(auto, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
     outs_n = PoolHarness(none, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
     for prompt, ids, a, n in zip(PROMPTS, prompts, outs_a, outs_n):
@@ -222,7 +224,7 @@ def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_ca
         h = PoolHarness(none, config)
         logits = h.extend([h.new_request()], [ids + n[:k]])[0]
         top2 = logits.topk(2).values
-        assert (top2[0] - top2[1]) / top2[0].abs() < 0.01, (
+        assert (top2[0] - top2[1]) / logits.abs().max() < 2 * INT4_LOGITS_TOL, (
             f"{prompt!r} diverges at token {k} without a near-tie: "
             f"{tok.decode(a)!r} vs {tok.decode(n)!r}")
 
