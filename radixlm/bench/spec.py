@@ -7,9 +7,8 @@ chat whose later turn asks to repeat the earlier answer (then the whole conversa
 replayed: SUFFIX's case), random prompts (single stream, greedy); then random prompts at
 each --streams concurrency. Reported: output tok/s per workload and configuration, the
 ratio to off, and the acceptance (drafted, accepted, mean acceptance length) read from
-/get_server_info after each workload. Timings on a shared machine are labelled by the load.
-An --algorithms entry NAME:K runs NAME with --speculative-num-draft-tokens K (draft
-counts side by side in one run: `--algorithms NGRAM:3 NGRAM:7`).
+/get_server_info after each workload; an --algorithms entry NAME:K runs NAME with
+--speculative-num-draft-tokens K (`--algorithms NGRAM:3 NGRAM:7`: draft counts side by side).
 With --starts N every configuration is started N times, the configurations interleaved
 (off, on, ..., then the next start in reverse order), and the table gives the median tok/s
 over starts, its spread (min-max) and the ratio of the medians: start-to-start noise (~15%
