@@ -66,9 +66,10 @@ class LinearPolicy:
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
     # groups (1.125), for calls of up to small_batch_max_m rows (fewer than int8 groups'
-    # int8_groups_max_m: it caps a Gemma verify at 4 rows; its per-row cost is bf16 dot products: cache-resident calls of 2+ rows are slower
-    # than int8 VNNI, whole-model decode steps of 1 and 4 rows 7-12% faster; AMX bf16 GEMMs
-    # win from a few rows; docs/benchmarks.md "q5_bf16 kernel").
+    # int8_groups_max_m, so it caps a Gemma verify at 4 rows). Its per-row cost is bf16 dot
+    # products: cache-resident calls of 2+ rows are slower than int8 VNNI, whole-model
+    # decode steps of 1 and 4 rows 7-12% faster; AMX bf16 GEMMs win from a few rows
+    # (docs/benchmarks.md, "q5_bf16 kernel").
     q5_kernel: bool = True
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
