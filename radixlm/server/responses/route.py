@@ -60,14 +60,8 @@ async def create_response(tm: TokenizerManager, req: ResponsesRequest, model_nam
 
     try:
         chat_resp = await create_chat_completion(tm, chat_req, model_name, request)
-    except APIError as e:
-        raise APIError(e.status, responses_field_names(e.message) or "",
-                       responses_field_names(e.param)) from e
-    except ConstraintError as e:
-        raise ConstraintError(responses_field_names(str(e)) or "",
-                              responses_field_names(e.param)) from e
-    except GenerateError as e:
-        raise GenerateError(responses_field_names(str(e)) or "", e.status) from e
+    except (APIError, ConstraintError, GenerateError) as e:
+        raise _renamed(e) from e
     if not stream:
         chat = json.loads(bytes(chat_resp.body))
         choice = chat["choices"][0]
@@ -79,6 +73,16 @@ async def create_response(tm: TokenizerManager, req: ResponsesRequest, model_nam
     start = body_of([], "in_progress", None)
     events = ResponseEvents(dict(start), body_of)
     return SSEResponse(response_events(chat_resp.body_iterator, events, start, keep))
+
+
+def _renamed(e: APIError | ConstraintError | GenerateError) -> Exception:
+    """`e` again, its message and param naming the Responses API's fields."""
+    message = responses_field_names(str(e)) or ""
+    if isinstance(e, APIError):
+        return APIError(e.status, message, responses_field_names(e.param))
+    if isinstance(e, ConstraintError):
+        return ConstraintError(message, responses_field_names(e.param))
+    return GenerateError(message, e.status)
 
 
 def get_response(store: ResponseStore, response_id: str) -> JSONResponse:
