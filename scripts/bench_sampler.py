@@ -1,5 +1,5 @@
-"""Times `Sampler.__call__` at temperature > 0 (plain, and with top_p) on random bf16 logits,
-for vocabularies of 49152 (SmolLM2) and 262144 (Gemma 3) and batches of 1 and 32 rows:
+"""Times `Sampler.__call__` (greedy; temperature > 0 plain, with top_p, with top_k) on random
+bf16 logits, for vocabularies of 49152 (SmolLM2) and 262144 (Gemma 3) and 1, 8 and 32 rows:
 
     PYTHONPATH=$PWD python scripts/bench_sampler.py [--baseline OLD_SAMPLER_PY] [--repeat 20]
 
@@ -52,9 +52,11 @@ def main() -> None:
     modules = {"new": current}
     if args.baseline:
         modules["old"] = load(args.baseline)
-    cases = {"T=1": dict(temperature=1.0), "top_p=0.9,T=0.7": dict(temperature=0.7, top_p=0.9)}
+    cases = {"greedy": dict(temperature=0.0), "T=1": dict(temperature=1.0),
+             "top_p=0.9,T=0.7": dict(temperature=0.7, top_p=0.9),
+             "top_k=50,T=0.7": dict(temperature=0.7, top_k=50)}
     for vocab in (49152, 262144):
-        for rows in (1, 32):
+        for rows in (1, 8, 32):
             for name, kw in cases.items():
                 reqs = make_reqs(rows, vocab, **kw)
                 logits = (torch.randn(rows, vocab) * 4).to(torch.bfloat16)

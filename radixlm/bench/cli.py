@@ -161,6 +161,7 @@ def serve_config_from(ns: argparse.Namespace):
         max_concurrency=tuple(ns.max_concurrency), num_warmup=ns.warmup_requests,
         repeat=ns.repeat, base_url=base_url_from(ns), backend=normalize_backend(ns.backend),
         api_key=ns.api_key, server_pid=ns.server_pid, stream=not ns.disable_stream,
+        extra_request_body=ns.extra_request_body,
         model=ns.model, tokenizer=ns.tokenizer, engine_args=dict(ns.engine_arg),
         ablations=tuple(ns.ablation), llama_server=ns.llama_server,
         transformers_baseline=ns.transformers_baseline,
@@ -264,6 +265,16 @@ def _concurrency(text: str) -> int | None:
     return None if text.lower() in ("inf", "none", "0") else int(text)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _common(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("--model", default=None, help="Model path (default: the default model).")
     p.add_argument("--output-file", default=None, help="Append one JSON line with the results.")
@@ -341,6 +352,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     sv.add_argument("--disable-stream", action="store_true",
                     help="bench_serving's: unary requests instead of streamed ones (TTFT = "
                     "E2E latency).")
+    sv.add_argument("--extra-request-body", type=_json_object, default=None,
+                    metavar='\'{"temperature": 1.0, "top_p": 0.9}\'',
+                    help="bench_serving's: JSON merged into every request's body (requests "
+                    "are greedy otherwise).")
     sv.add_argument("--tokenizer", default=None, help="Tokenizer for prompt lengths "
                     "(default: the model's).")
     add_dataset_args(sv)

@@ -51,6 +51,9 @@ class ServeBenchConfig:
     base_url: str | None = None  # None: start the servers below
     server_pid: int | None = None  # with base_url: its pid, for CPU seconds per process
     stream: bool = True  # False: unary requests (--disable-stream)
+    # Merged into every request's body (--extra-request-body): not for the transformers
+    # baseline, which always decodes greedily.
+    extra_request_body: dict[str, Any] | None = None
     backend: str = "openai"
     api_key: str | None = None
     model: str | None = None  # weights of started servers; the tokenizer of the dataset
@@ -78,6 +81,9 @@ class ServeBenchConfig:
             LoadConfig(max_concurrency=c, request_rate=self.request_rate).validate()
         if self.transformers_baseline != "none":
             resolve_baseline_dtype(self.transformers_baseline)
+            if self.extra_request_body:
+                raise ValueError("--extra-request-body does not apply to the transformers "
+                                 "baseline (greedy): drop one of them")
 
 
 def load_bench_tokenizer(cfg: ServeBenchConfig) -> Any:
@@ -184,7 +190,8 @@ async def bench_one(target: Target, requests: list[BenchRequest], load: LoadConf
     # CPU ms per generated token in each process: what the HTTP path costs per token.
     per_token = cpu_ms_per_token(cpu, metrics["total_output_tokens"]) if cpu else None
     extra: dict[str, Any] = {"model_id": target.model, "errors": errors[:5], "cpu_s": cpu,
-                             "cpu_ms_per_token": per_token, "stream": target.stream}
+                             "cpu_ms_per_token": per_token, "stream": target.stream,
+                             "extra_request_body": target.extra_body}
     if pool_before is not None and pool_after is not None:
         # The scheduler's own count over this run (it counts in tokens it tokenized).
         prompt = pool_after["prompt_tokens_total"] - pool_before["prompt_tokens_total"]
@@ -218,14 +225,15 @@ def run_serve_bench(cfg: ServeBenchConfig, log=print) -> list[dict[str, Any]]:
     with contextlib.ExitStack() as stack:
         if cfg.base_url:
             targets = [Target("server", cfg.base_url.rstrip("/"), cfg.backend,
-                              api_key=cfg.api_key, stream=cfg.stream)]
+                              api_key=cfg.api_key, stream=cfg.stream,
+                              extra_body=cfg.extra_request_body)]
         else:
             targets, launched = [], {}
             for spec in server_specs(cfg, all_requests[0], log):
                 log(f"starting {spec.name}: {' '.join(spec.cmd)}")
                 launched[spec.name] = stack.enter_context(LaunchedServer(spec, cfg.startup_timeout_s))
                 targets.append(Target(spec.name, spec.base_url, spec.backend,
-                                      stream=cfg.stream))
+                                      stream=cfg.stream, extra_body=cfg.extra_request_body))
         hf = _hf_baseline(cfg, log)
         records = []
         for r, requests in enumerate(all_requests):

@@ -34,17 +34,20 @@ class Target:
     model: str | None = None  # the body's "model" (None: ask /v1/models)
     api_key: str | None = None
     stream: bool = True  # False: unary requests (TTFT = E2E latency, no ITLs)
+    # Merged into every request's body (`--extra-request-body`, e.g. sampling parameters).
+    extra_body: dict[str, Any] | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 def completion_body(model: str | None, prompt: str | list[int], output_len: int,
-                    stream: bool = True) -> dict[str, Any]:
+                    stream: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Greedy, exactly `output_len` tokens (`ignore_eos`, understood by radixlm, SGLang,
-    vLLM and llama-server), streamed with a final usage chunk (or unary)."""
+    vLLM and llama-server), streamed with a final usage chunk (or unary); `extra`'s keys
+    are set last (SGLang's bench_serving `--extra-request-body`)."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-                            "stream": stream, "ignore_eos": True}
+                            "stream": stream, "ignore_eos": True, **(extra or {})}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if model is not None:
@@ -85,7 +88,8 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: str | 
     last = start
     try:
         async with client.stream("POST", target.base_url + "/v1/completions",
-                                 json=completion_body(target.model, prompt, output_len),
+                                 json=completion_body(target.model, prompt, output_len,
+                                                    extra=target.extra_body),
                                  headers=target.headers(), timeout=timeout_s) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode(errors="replace")
@@ -134,7 +138,8 @@ async def _send_unary(client: httpx.AsyncClient, target: Target, prompt: str | l
     start = result.start_time = clock()
     try:
         resp = await client.post(target.base_url + "/v1/completions",
-                                 json=completion_body(target.model, prompt, output_len, False),
+                                 json=completion_body(target.model, prompt, output_len, False,
+                                                    target.extra_body),
                                  headers=target.headers(), timeout=timeout_s)
         body = resp.json() if resp.status_code == 200 else None
     except (httpx.HTTPError, json.JSONDecodeError) as e:

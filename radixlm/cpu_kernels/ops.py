@@ -2,7 +2,7 @@
 (`radixlm::paged_decode_attention`, traceable by torch.compile: it has a fake
 implementation giving its output's shape) and, eagerly, with the pool's KV write fused
 in; RMSNorm (with the residual add), RoPE and SiLU * up for the eager forward only (under
-torch.compile inductor fuses the torch versions itself).
+torch.compile inductor fuses the torch versions itself); the sampler's argmax and draw.
 
 Each `*_available()` / `eager_kernels()` says whether the kernel built on this machine;
 callers keep their torch code for when it did not.
@@ -59,6 +59,12 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
 @paged_decode_attention.register_fake
 def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window=0):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def sampling_kernel() -> ModuleType | None:
+    """The sampler's argmax and inverse-CDF draw (`sampling.cpp`), or None where it did
+    not build (the sampler's torch code then)."""
+    return load_kernel("sampling")
 
 
 def eager_kernels(x: torch.Tensor) -> ModuleType | None:

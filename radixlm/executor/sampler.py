@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from radixlm.cpu_kernels.ops import sampling_kernel
 from radixlm.messages import TokenLogprob
 from radixlm.sampling_params import SamplingParams
 
@@ -204,18 +205,19 @@ class Sampler:
         if info.logit_bias is not None:
             logits = logits.index_put(info.logit_bias[:2], info.logit_bias[2], accumulate=True)
 
+        # The CPU's sampling kernel (cpu_kernels/sampling.cpp): the same argmax, cuts and
+        # inverse-CDF draw without [B, V] probabilities, their cumulative sum or a sort.
+        kernel = sampling_kernel() if logits.is_cpu else None
+        if kernel is not None:
+            logits = logits.contiguous()
         sample_rows = [i for i, g in enumerate(info.greedy) if not g]
         if len(sample_rows) < len(info.greedy):  # an argmax over V only where a row needs it
-            next_ids = torch.argmax(logits, dim=-1)
+            next_ids = (kernel.argmax_rows(logits) if kernel is not None
+                        else torch.argmax(logits, dim=-1))
         else:
             next_ids = torch.empty(len(info.greedy), dtype=torch.long, device=logits.device)
         if sample_rows:
             rows = info.sample_rows
-            probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
-            # No renormalization after the cut: the draw scales u by each row's own total
-            # (deterministic mode needs that too: a [1, V] row sum is split across threads
-            # when V >= 32768, so a renormalized row would depend on the batch).
-            probs = self._cut(probs, info, rows, normalize=False)
             if self.deterministic:
                 assert info.uniforms is not None, "from_reqs(deterministic=True) makes them"
                 u = info.uniforms
@@ -223,9 +225,20 @@ class Sampler:
                 # One uniform per row from the request's own generator (its seed), one
                 # inverse-CDF scan for all rows (torch.multinomial, row by row, cost ~1 ms
                 # a row over a 49k vocabulary on the CPU).
-                u = torch.cat([torch.rand(1, dtype=torch.float64, device=probs.device,
+                u = torch.cat([torch.rand(1, dtype=torch.float64, device=logits.device,
                                           generator=info.generators[i]) for i in sample_rows])
-            drawn, valid = draw_rows(probs, u)
+            if kernel is not None:
+                drawn, valid = kernel.sample_rows(
+                    logits, rows, (1.0 / info.temperatures[rows]).flatten(), u,
+                    info.top_ks[rows], info.top_ps[rows], info.min_ps[rows])
+            else:
+                probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
+                # No renormalization after the cut: the draw scales u by each row's own
+                # total (deterministic mode needs that too: a [1, V] row sum is split
+                # across threads when V >= 32768, so a renormalized row would depend on
+                # the batch).
+                probs = self._cut(probs, info, rows, normalize=False)
+                drawn, valid = draw_rows(probs, u)
             next_ids[rows] = self._valid_or_greedy(drawn, valid, logits, rows, sample_rows)
 
         return SampleOutput(next_ids, self._logprobs(raw_logprobs, next_ids, info))

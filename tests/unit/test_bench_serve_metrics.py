@@ -56,12 +56,13 @@ USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
          "prompt_tokens_details": {"cached_tokens": 4}}
 
 
-def run_requests(script, usage, requests, load=LoadConfig(max_concurrency=1, show_progress=False)):
+def run_requests(script, usage, requests, load=LoadConfig(max_concurrency=1, show_progress=False),
+                 target=Target("fake", "http://fake")):
     clock, seen = FakeClock(), []
 
     async def go():
         async with httpx.AsyncClient(transport=scripted_server(clock, script, usage, seen)) as c:
-            return await run_load(c, Target("fake", "http://fake"), requests, load,
+            return await run_load(c, target, requests, load,
                                   count_tokens=lambda text: len(text.split()), clock=clock)
 
     results, duration = asyncio.run(go())
@@ -81,6 +82,14 @@ def test_one_request_timings_and_usage() -> None:
     assert duration == pytest.approx(0.8)
     assert seen == [completion_body(None, "p q r", 3)]
     assert seen[0]["ignore_eos"] and seen[0]["stream_options"] == {"include_usage": True}
+
+
+def test_extra_request_body_is_merged_into_every_request() -> None:
+    """--extra-request-body (bench_serving's): its keys override the greedy defaults."""
+    extra = {"temperature": 1.0, "top_p": 0.9}
+    _, _, seen = run_requests(SCRIPT, USAGE, [BenchRequest("a", 10, 3), BenchRequest("b", 10, 3)],
+                              target=Target("fake", "http://fake", extra_body=extra))
+    assert [(b["temperature"], b["top_p"], b["ignore_eos"]) for b in seen] == [(1.0, 0.9, True)] * 2
 
 
 def test_metrics_of_two_sequential_requests() -> None:

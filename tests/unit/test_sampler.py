@@ -101,9 +101,14 @@ def _ops_run(reqs, logits) -> set[str]:
     return {e.key for e in prof.key_averages()}
 
 
-def test_greedy_and_plain_sampling_never_sort_the_vocabulary():
-    """Only a top-k/top-p cut sorts; greedy rows are an argmax and temperature-only rows a
-    softmax and a draw (the sort is a V-wide op per row per step)."""
+def test_greedy_and_plain_sampling_never_sort_the_vocabulary(monkeypatch):
+    """The torch path (where the CPU sampling kernel did not build): only a top-k/top-p cut
+    sorts; greedy rows are an argmax and temperature-only rows a softmax and a draw (the
+    sort is a V-wide op per row per step). The kernel sorts nothing even for top-p
+    (tests/unit/test_sampling_kernel.py)."""
+    import radixlm.executor.sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "sampling_kernel", lambda: None)
     logits = torch.randn(4, V)
     sorts = {"aten::sort", "aten::argsort", "aten::topk", "aten::msort"}
     greedy = [make_req(i, temperature=0.0) for i in range(4)]
