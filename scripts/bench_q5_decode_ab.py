@@ -1,10 +1,13 @@
-"""Gemma 3 270M Q4_K_M decode steps of `--batch` requests (default 1), Q5_0 layers on the q5_bf16 kernel vs as int8
-groups (`LinearPolicy(q5_kernel=False)`, the path before), both models in one process and
-their steps interleaved (A, B, A, B, ...), so that a shared, loaded machine disturbs both
-alike. Eager forward through the real pools (tests' PoolHarness), bf16 KV.
+"""Gemma 3 270M Q4_K_M decode steps of `--batch` requests (default 1) under two or more
+linear policies, every model in one process and their steps interleaved (A, B, A, B, ...),
+so that a shared, loaded machine disturbs all alike. Eager forward through the real pools
+(tests' PoolHarness), bf16 KV. Default policies: Q5_0 layers on the q5_bf16 kernel vs as
+int8 groups (`LinearPolicy(q5_kernel=False)`, the path before); `--policy` (repeated)
+gives others as LinearPolicy("auto") fields, e.g. the int8-group row limit:
 
     PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_q5_decode_ab.py \
-        [--steps 64] [--threads 1] [--batch 4]
+        [--steps 64] [--threads 1] [--batch 4] \
+        [--policy int8_groups_max_m=8 --policy int8_groups_max_m=4]
 """
 
 from __future__ import annotations
@@ -22,19 +25,33 @@ from radixlm.models.packaged import gemma3_270m_gguf
 from tests.conftest_models import PoolHarness
 
 
+def parse_fields(text: str) -> dict:
+    """'a=4,b=False' -> {'a': 4, 'b': False} (ints and booleans)."""
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        out[key] = {"True": True, "False": False}.get(value, None)
+        if out[key] is None:
+            out[key] = int(value)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--policy", action="append", default=[],
+                    help="FIELD=VALUE[,FIELD=VALUE]: a LinearPolicy('auto') variant")
     args = ap.parse_args()
+    variants = [(text, LinearPolicy("auto", **parse_fields(text))) for text in args.policy] or [
+        ("q5_bf16", LinearPolicy("auto")), ("int8 groups", LinearPolicy("auto", q5_kernel=False))]
     if args.threads:
         torch.set_num_threads(args.threads)
     path = gemma3_270m_gguf()
     runs = {}
-    for name, policy in (("q5_bf16", LinearPolicy("auto")),
-                         ("int8 groups", LinearPolicy("auto", q5_kernel=False))):
+    for name, policy in variants:
         model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)
         mb = sum(m.bytes_read(args.batch) for m in top_level_methods(model)) / 1e6
         per = args.prompt_len + args.steps + 8
@@ -53,7 +70,7 @@ def main() -> None:
                 h.decode(rows, [100 + step] * len(rows))
                 times.append((time.perf_counter() - t0) * 1e3)
     for name, (_, _, mb, times) in runs.items():
-        print(f"{name:12s} weights read/step {mb:7.2f} MB  step ms median {statistics.median(times):7.2f}"
+        print(f"{name:24s} weights read/step {mb:7.2f} MB  step ms median {statistics.median(times):7.2f}"
               f"  p25 {statistics.quantiles(times, n=4)[0]:7.2f}  min {min(times):7.2f}")
 
 
