@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -149,25 +150,44 @@ def kernel_names() -> list[str]:
     return sorted(p.stem for p in Path(__file__).parent.glob("*.cpp"))
 
 
+def builder_preexec() -> None:
+    """A builder process, before it execs: its own process group (the ninja, g++ and cc1plus
+    it starts join it) and SIGTERM when its parent dies (`stop_builder_group`), SIGTERM's
+    default action until main() installs that handler (a scheduler ignores SIGTERM, and an
+    ignored signal would stay ignored across exec)."""
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(signal.SIGTERM)
+
+
+def stop_builder_group(signum: int, frame: object) -> None:
+    """A builder's SIGTERM (its parent died, or a service manager stops everything): its
+    compiler processes go with it. They cannot be trusted to take SIGTERM themselves: a
+    scheduler ignores it (the API process drains), and children inherit that."""
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def build_missing_in_parallel() -> None:
     """Build every kernel not yet in the cache, one process per kernel at once (each g++
     uses one core), so a first start waits for the longest build, not for their sum.
     Plain subprocesses: the scheduler is a daemonic process, which multiprocessing forbids
-    to have children, that die with the process that started them (a server killed
-    mid-build leaves no builder behind). A failed child is only logged: load_kernel then
-    tries (and says) again."""
+    to have children. Each builder leads its own process group and takes its compilers
+    down when the process that started it dies (a server stopped mid-build leaves no
+    builder or compiler behind: `builder_preexec`). A failed child is only logged:
+    load_kernel then tries (and says) again."""
     missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
     workers = min(len(missing), os.cpu_count() or 1)
-    if len(missing) < 2 or workers < 2:
-        return  # load_kernel builds the one (or each, on one core) and says so
-    rounds = -(-len(missing) // workers)
-    logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),
-                   ", ".join(missing), rounds * max(expected_build_seconds(n) for n in missing))
+    if not missing:
+        return
+    if len(missing) > 1 and workers > 1:  # a single builder announces its own build
+        rounds = -(-len(missing) // workers)
+        logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),
+                       ", ".join(missing), rounds * max(expected_build_seconds(n) for n in missing))
     pending = list(missing)
     while pending:
         batch, pending = pending[:workers], pending[workers:]
         children = [subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build",
-                                      "--only", name], preexec_fn=die_with_parent)
+                                      "--only", name], preexec_fn=builder_preexec)
                     for name in batch]
         for name, child in zip(batch, children):
             if child.wait() != 0:
@@ -189,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--only"] and len(argv) == 2:
+        if os.getpgrp() == os.getpid():  # a group of its own: see builder_preexec
+            signal.signal(signal.SIGTERM, stop_builder_group)
         return 0 if load_kernel(argv[1]) is not None else 1
     for name, ok in load_all_kernels().items():
         print(f"{name}: {'ok' if ok else 'unavailable (torch fallback)'}")

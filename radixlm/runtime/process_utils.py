@@ -15,13 +15,14 @@ import signal
 import sys
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send this process `sig` (default SIGKILL) when its parent dies (no
+    orphans); a process that must clean up first asks for a signal it handles."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
             PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc.prctl(PR_SET_PDEATHSIG, sig)
         except OSError:
             pass
 

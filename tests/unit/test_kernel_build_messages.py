@@ -4,6 +4,11 @@ finds the build done the second time (a C++ source without torch headers, ~1 s t
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +75,74 @@ def test_parallel_builders_die_with_their_parent(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(build.subprocess, "Popen", Child)
     build.build_missing_in_parallel()
     assert len(started) == 2
-    assert all(kw.get("preexec_fn") is build.die_with_parent for kw in started)
+    assert all(kw.get("preexec_fn") is build.builder_preexec for kw in started)
+
+
+# The parent: ignores SIGTERM as a scheduler process does (its children inherit that),
+# starts one builder as build_missing_in_parallel does, prints its pid.
+PARENT = """
+import signal, subprocess, sys
+from radixlm.cpu_kernels import build
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", BUILDER], preexec_fn=build.builder_preexec)
+print(child.pid, flush=True)
+child.wait()
+"""
+# The builder: `build.main(["--only", ...])` whose build is a stand-in compiler that
+# ignores SIGTERM, like a g++ started under a scheduler; prints the compiler's pid.
+BUILDER = """
+import subprocess
+from radixlm.cpu_kernels import build
+def load_kernel(name):
+    p = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait"])
+    print(p.pid, flush=True)
+    p.wait()
+build.load_kernel = load_kernel
+build.main(["--only", "slow"])
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited (reaping it is its new parent's business)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", ["parent killed", "SIGTERM to everything"])
+def test_a_builder_takes_its_compilers_down(how: str) -> None:
+    """A real process tree (parent -> builder -> compiler stand-in that ignores SIGTERM):
+    when the parent is SIGKILLed, or when every process gets SIGTERM as a service manager
+    stopping the unit sends it, the builder and its compiler are gone within seconds."""
+    env = {**os.environ, "PYTHONPATH": str(Path(build.__file__).parents[2])}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.replace("BUILDER", repr(BUILDER))],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    builder = compiler = None
+    grandchildren: list[int] = []
+    try:
+        builder = int(parent.stdout.readline())
+        compiler = int(parent.stdout.readline())
+        grandchildren = [int(p) for p in Path(f"/proc/{compiler}/task/{compiler}/children")
+                         .read_text().split()]
+        assert _alive(builder) and _alive(compiler)
+        if how == "parent killed":
+            parent.kill()
+        else:
+            for pid in (parent.pid, builder, compiler, *grandchildren):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                _alive(p) for p in (builder, compiler, *grandchildren)):
+            time.sleep(0.05)
+        assert not [p for p in (builder, compiler, *grandchildren) if _alive(p)]
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in (builder, compiler, *grandchildren):  # what a failure left behind
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_extra_flags_are_compiled_in_and_keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
