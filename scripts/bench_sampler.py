@@ -6,6 +6,11 @@ bf16 logits, for vocabularies of 49152 (SmolLM2) and 262144 (Gemma 3) and 1, 8 a
 --baseline: a sampler.py from an earlier commit (`git show REV:radixlm/executor/sampler.py >
 old.py`), timed side by side in the same process (alternating). The logits are random x 4, so
 that a top-p 0.9 nucleus is a few hundred tokens, as with a real model's; medians in ms.
+
+--engine: instead, the default model's engine generates 48 tokens for 32 prompts per
+configuration (top_p 0.9 / T=1 / greedy) and every `Sampler.__call__` of 24+ rows is timed,
+with the CPU sampling kernel and with its torch path (`sampling_kernel` patched to None),
+twice each, alternated: the sampler's cost on real logits in the real step.
 """
 
 from __future__ import annotations
@@ -43,11 +48,46 @@ def make_reqs(n: int, vocab: int, **kw) -> list[Req]:
     return reqs
 
 
+def engine_main() -> None:
+    from radixlm.engine import Engine
+
+    times: list[tuple[int, float]] = []
+    call = current.Sampler.__call__
+
+    def timed(self, logits, info):
+        t0 = time.perf_counter()
+        out = call(self, logits, info)
+        times.append((logits.shape[0], time.perf_counter() - t0))
+        return out
+
+    current.Sampler.__call__ = timed
+    kernel = current.sampling_kernel
+    eng = Engine()
+    prompts = [f"Write a short story about a {w} who learns to code." for w in
+               ("cat", "dog", "fox", "owl", "bee", "ant", "elk", "yak")] * 4
+    try:
+        for params in (dict(temperature=1.0, top_p=0.9), dict(temperature=1.0),
+                       dict(temperature=0.0)):
+            for name, fn in (("kernel", kernel), ("torch", lambda: None)) * 2:
+                current.sampling_kernel = fn
+                times.clear()
+                eng.generate(prompts, SamplingParams(max_new_tokens=48, ignore_eos=True, **params))
+                big = [t for n, t in times if n >= 24]
+                print(f"{params} {name:6s} {len(big)} calls of 24+ rows: median "
+                      f"{statistics.median(big) * 1e3:.2f} ms", flush=True)
+    finally:
+        current.sampling_kernel = kernel
+        eng.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--engine", action="store_true", help="time the sampler inside the engine")
     args = ap.parse_args()
+    if args.engine:
+        return engine_main()
     tune_host_malloc()  # as a compute process allocates
     modules = {"new": current}
     if args.baseline:
