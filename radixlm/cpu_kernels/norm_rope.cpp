@@ -1,6 +1,6 @@
-// RMSNorm (alone and after the residual add), rotary embedding and SiLU(gate) * up for the
-// CPU's eager forward: each is one pass over its rows instead of the small torch ops the
-// Python versions dispatch (rms_norm.py, rope.py, decoder.py).
+// RMSNorm (alone and after the residual add), rotary embedding and SiLU(gate) * up or
+// tanh-GELU(gate) * up for the CPU's eager forward: each is one pass over its rows instead
+// of the small torch ops the Python versions dispatch (rms_norm.py, rope.py, mlp.py).
 // Results equal those versions' rounding: float32 math, cast to the activation dtype at
 // the same points HF's Llama casts.
 #include "torch_api.h"
@@ -147,11 +147,31 @@ void gemma_norm_add_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const fl
   });
 }
 
-// out[t, i] = cast(cast(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]
-// (the rows of gate_up are [gate | up]; torch's F.silu(gate) * up rounds at those points).
-template <typename T>
-void silu_mul_rows(const raw_t<T>* gu, raw_t<T>* out, int64_t rows, int64_t inter,
-                   int64_t gu_stride) {
+// The gate activations of a gated MLP, float32 in and out.
+struct Silu {
+  static float apply(float x) { return x / (1.f + exp_approx(-x)); }
+};
+// tanh-approximated GELU, 0.5 x (1 + tanh(z)) with z = sqrt(2 / pi) (x + 0.044715 x^3)
+// (torch's approximate="tanh"), rounded as torch rounds it: with t = 1 + tanh(z) =
+// 2 / (1 + exp(-2 z)) (accurate), torch's float32 tanh is t - 1 rounded, and adding 1
+// back leaves t rounded to a multiple of 2^-24 where t < 1/2 (exactly 0 far in the negative
+// tail), t itself above (the subtraction and the addition are exact there). Written
+// without the "- 1 + 1", which -fassociative-math (build.py) would fold away.
+struct GeluTanh {
+  static float apply(float x) {
+    const float z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    const float t = 2.f / (1.f + exp_approx(-2.f * z));
+    const float h = t < 0.5f ? __builtin_rintf(t * 16777216.f) * (1.f / 16777216.f) : t;
+    return 0.5f * x * h;
+  }
+};
+
+// out[t, i] = cast(cast(act(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]
+// (the rows of gate_up are [gate | up]; torch's F.silu(gate) * up or F.gelu(gate,
+// approximate="tanh") * up rounds at those points).
+template <typename T, typename Act>
+void act_mul_rows(const raw_t<T>* gu, raw_t<T>* out, int64_t rows, int64_t inter,
+                  int64_t gu_stride) {
   using E = Elem<T>;
   at::parallel_for(0, rows, grain_rows(2 * inter), [&](int64_t begin, int64_t end) {
     // Two loops over blocks of a row: fused into one, GCC's vector code for it ran 5-6x
@@ -166,7 +186,7 @@ void silu_mul_rows(const raw_t<T>* gu, raw_t<T>* out, int64_t rows, int64_t inte
         const int64_t n = std::min(kBlock, inter - i0);
         for (int64_t i = 0; i < n; ++i) {
           const float x = E::load(g[i0 + i]);
-          act[i] = x / (1.f + exp_approx(-x));
+          act[i] = Act::apply(x);
         }
         for (int64_t i = 0; i < n; ++i)
           o[i0 + i] = E::store(E::load(E::store(act[i])) * E::load(u[i0 + i]));
@@ -312,18 +332,24 @@ std::vector<torch::Tensor> gemma_norm_add_norm(torch::Tensor x, torch::Tensor de
   return {sum, out};
 }
 
-// gate_up [T, 2 * inter] (rows may be strided) -> silu(gate) * up [T, inter].
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+// gate_up [T, 2 * inter] (rows may be strided) -> act(gate) * up [T, inter].
+template <typename Act>
+torch::Tensor act_mul(torch::Tensor gate_up, const char* name) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
-              "silu_mul: gate_up [T, 2 * inter] with contiguous rows");
+              name, ": gate_up [T, 2 * inter] with contiguous rows");
   const int64_t inter = gate_up.size(1) / 2;
   auto out = torch::empty({gate_up.size(0), inter}, gate_up.options());
-  dispatch(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
+  dispatch(gate_up.scalar_type(), name, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    silu_mul_rows<T>(raw_ptr<T>(gate_up), raw_ptr<T>(out), gate_up.size(0), inter,
-                     gate_up.stride(0));
+    act_mul_rows<T, Act>(raw_ptr<T>(gate_up), raw_ptr<T>(out), gate_up.size(0), inter,
+                         gate_up.stride(0));
   });
   return out;
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up) { return act_mul<Silu>(gate_up, "silu_mul"); }
+torch::Tensor gelu_tanh_mul(torch::Tensor gate_up) {
+  return act_mul<GeluTanh>(gate_up, "gelu_tanh_mul");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -334,4 +360,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemma_norm_add_norm", &gemma_norm_add_norm,
         "Gemma's block output norm, the residual add, then the next block's input norm.");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of each row of [gate | up].");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "tanh-GELU(gate) * up of each row of [gate | up].");
 }

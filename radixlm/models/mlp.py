@@ -35,9 +35,10 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # .forward, not __call__: see models/decoder.py's docstring.
         gate_up = self.gate_up_proj.forward(x)
-        kernels = None if self.gelu else eager_kernels(gate_up)
+        kernels = eager_kernels(gate_up)
         if kernels is not None:
-            return self.down_proj.forward(kernels.silu_mul(gate_up))
+            act_mul = kernels.gelu_tanh_mul if self.gelu else kernels.silu_mul
+            return self.down_proj.forward(act_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj.forward(act * up)

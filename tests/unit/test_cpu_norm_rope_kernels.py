@@ -69,18 +69,23 @@ def test_add_rms_norm_matches_torch(monkeypatch, dtype, ulps, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 4, 64])
-def test_silu_mul_matches_torch(dtype, rows):
-    """kernels.silu_mul([gate | up]) == F.silu(gate) * up, GatedMLP's torch code (gates
-    from -40 to 40: both tails of the sigmoid, rows strided)."""
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_matches_torch(dtype, rows, act):
+    """kernels.silu_mul / gelu_tanh_mul([gate | up]) == F.silu(gate) * up and
+    F.gelu(gate, approximate="tanh") * up, GatedMLP's torch code (gates from -40 to 40:
+    both tails of the sigmoid, rows strided)."""
     g = torch.Generator().manual_seed(rows)
     inter = 1536
     wide = torch.randn(rows, 2 * inter + 64, generator=g)
     wide[:, :inter] *= 8
     wide[0, :5] = torch.tensor([-40.0, -20.0, 0.0, 20.0, 40.0])
     gate_up = wide.to(dtype)[:, :2 * inter]
-    out = load_kernel("norm_rope").silu_mul(gate_up)
+    out = getattr(load_kernel("norm_rope"), f"{act}_mul")(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
-    ref = torch.nn.functional.silu(gate) * up
+    if act == "silu":
+        ref = torch.nn.functional.silu(gate) * up
+    else:
+        ref = torch.nn.functional.gelu(gate, approximate="tanh") * up
     _assert_same_rounding(out, ref, 1e-6 if dtype is torch.float32 else 1e-2)
 
 
