@@ -15,10 +15,10 @@
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
-// softmax and the weighted sum are float32. float32 KV with a head_dim that is a
-// multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) takes the block kernel
-// (kLanes positions per step, scores in the lanes of one vector, online softmax); 16-bit KV and other head_dims the row kernel (one dot product per
-// score, two-pass softmax).
+// softmax and the weighted sum are float32. float32 and bf16 KV with a head_dim that is a
+// multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) take the block kernel
+// (kLanes positions per step, scores in the lanes of one vector, online softmax); float16
+// KV and other head_dims the row kernel (one dot product per score, two-pass softmax).
 #include "torch_api.h"
 #include <ATen/Parallel.h>
 
@@ -118,6 +118,7 @@ struct Scratch {
   std::vector<kv_t> zero;         // [D] zeros: the rows of a block's missing positions
   std::vector<float> m;           // [G] running max
   std::vector<vf> lsum;           // [G] softmax sums by lane
+  std::vector<vf> part;           // [G, kLanes] a block's partial score vectors (GC > 0)
 };
 
 // The block kernel: positions in blocks of kLanes. Per block and query head g the scores
@@ -127,8 +128,12 @@ struct Scratch {
 // head_dim in register tiles over the block's positions. Each K/V row is read (and
 // converted, in registers) for the G query heads of its KV head from L1. A block's lane k is position
 // order[k] of it (transpose_sum's order); positions past the end read a zero row and get
-// probability 0. DC: head_dim known at compile time (64, 128), 0 = D.
-template <typename q_t, typename kv_t, int DC>
+// probability 0. DC: head_dim known at compile time (64, 128), 0 = D. GC: the group size
+// G known at compile time (3 and 4: SmolLM2's and Gemma 3's / Llama 3's), 0 = H / KVH:
+// with it each K and V row is loaded and converted once for all G heads, the G heads'
+// accumulators in registers (1.36x on bf16 KV at batch 32, 30 layers, on an AMX Xeon;
+// with a runtime G the same loop order was slower than one head at a time).
+template <typename q_t, typename kv_t, int DC, int GC = 0>
 void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
                    const int64_t* rows, const int64_t* lens, q_t* out, int64_t B, int64_t H,
                    int64_t KVH, int64_t d_runtime, float scale, int64_t window, KvWrite<q_t> kv) {
@@ -146,6 +151,7 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
     s.zero.assign(D, static_cast<kv_t>(0.f));
     s.m.resize(G);
     s.lsum.resize(G);
+    s.part.resize(G * kLanes);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
       int64_t L;
@@ -174,6 +180,60 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
         for (int j = 0; j < kLanes; ++j) kr[j] = j < n ? row(kb, l0 + j) : s.zero.data();
         for (int k = 0; k < kLanes; ++k) vr[k] = order_i[k] < n ? row(vb, l0 + order_i[k]) : s.zero.data();
         const vf valid = order < static_cast<float>(n) ? splat(1.f) : vf{};
+        if constexpr (GC > 0) {
+          // Scores: each K row is loaded (and converted) once for the GC query heads.
+          for (int j = 0; j < kLanes; ++j) {
+            vf a[GC];
+            for (int g = 0; g < GC; ++g) a[g] = vf{};
+            for (int64_t c = 0; c < C; c += 2) {
+              vf x, y;
+              load2(kr[j] + c * kLanes, x, y);
+              for (int g = 0; g < GC; ++g) {
+                const float* qg = s.qf.data() + g * D + c * kLanes;
+                a[g] += load(qg) * x + load(qg + kLanes) * y;
+              }
+            }
+            for (int g = 0; g < GC; ++g) s.part[g * kLanes + j] = a[g];
+          }
+          for (int g = 0; g < GC; ++g) {
+            vf sc = transpose_sum(s.part.data() + g * kLanes);
+            sc = valid != 0.f ? sc : splat(-INFINITY);
+            const float m_new = std::max(s.m[g], hmax(sc));
+            const vf p = exp_vec(sc - m_new) * valid;
+            if (m_new != s.m[g]) {
+              const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
+              s.lsum[g] *= corr;
+              float* acc = s.acc.data() + g * D;
+              for (int64_t c = 0; c < C; ++c) store(acc + c * kLanes, load(acc + c * kLanes) * corr);
+              s.m[g] = m_new;
+            }
+            s.lsum[g] += p;
+            store(s.p.data() + g * kLanes, p);
+          }
+          // V: each V row loaded once for the GC heads; GC x kTileV accumulators in registers.
+          constexpr int64_t kTileV = GC <= 3 ? 8 : 4;
+          for (int64_t c0 = 0; c0 < C; c0 += kTileV) {
+            const int64_t t_end = std::min<int64_t>(kTileV, C - c0);
+            vf t[GC][kTileV];
+            for (int g = 0; g < GC; ++g)
+              for (int64_t c = 0; c < t_end; ++c) t[g][c] = load(s.acc.data() + g * D + (c0 + c) * kLanes);
+            for (int k = 0; k < kLanes; ++k) {
+              const kv_t* v = vr[k] + c0 * kLanes;
+              for (int64_t c = 0; c < t_end; c += 2) {
+                vf x, y;
+                load2(v + c * kLanes, x, y);
+                for (int g = 0; g < GC; ++g) {
+                  const float w = s.p[g * kLanes + k];
+                  t[g][c] += w * x;
+                  t[g][c + 1] += w * y;
+                }
+              }
+            }
+            for (int g = 0; g < GC; ++g)
+              for (int64_t c = 0; c < t_end; ++c) store(s.acc.data() + g * D + (c0 + c) * kLanes, t[g][c]);
+          }
+          continue;
+        }
         for (int64_t g = 0; g < G; ++g) {
           // part[j]: q . k of position j, in kLanes partial sums.
           vf part[kLanes];
@@ -289,14 +349,20 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
     const auto go = [&](auto dc) {
       constexpr int DC = decltype(dc)::value;
-      // 16-bit KV stays on the row kernel: the block kernel was 1.5x faster on one
-      // layer's KV in cache but 0.91x on 30 layers' (KV from memory, as in a real step).
-      if constexpr (std::is_same_v<kv_t, float>) {
+      // bf16 KV: the block kernel with the group fused (GC) was 1.27-1.51x the row kernel
+      // on an AMX Xeon (docs/benchmarks.md); one head at a time it was 0.84-0.91x on a
+      // Zen 4 EPYC at 30 layers (KV from memory): re-measure there.
+      if constexpr (std::is_same_v<kv_t, float> || std::is_same_v<kv_t, c10::BFloat16>) {
         if (blocked(D)) {
-          decode_blocks<q_t, kv_t, DC>(
-              q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
-              r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
-              lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
+          const auto blocks = [&](auto gc) {
+            decode_blocks<q_t, kv_t, DC, decltype(gc)::value>(
+                q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+                r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+                lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, H, KVH, D, scale, window, kv);
+          };
+          if (H == 3 * KVH) blocks(std::integral_constant<int, 3>{});
+          else if (H == 4 * KVH) blocks(std::integral_constant<int, 4>{});
+          else blocks(std::integral_constant<int, 0>{});
           return;
         }
       }
