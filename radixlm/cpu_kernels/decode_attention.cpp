@@ -210,8 +210,10 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
             s.lsum[g] += p;
             store(s.p.data() + g * kLanes, p);
           }
-          // V: each V row loaded once for the GC heads; GC x kTileV accumulators in registers.
-          constexpr int64_t kTileV = GC <= 3 ? 8 : 4;
+          // V: each V row loaded once for the GC heads; GC x kTileV accumulators in registers
+          // (about 24 of AVX-512's 32 vector registers, 12 of AVX2's 16).
+          constexpr int64_t kRegs = kLanes >= 16 ? 24 : 12;
+          constexpr int64_t kTileV = std::max<int64_t>(2, (kRegs / GC) & ~int64_t{1});
           for (int64_t c0 = 0; c0 < C; c0 += kTileV) {
             const int64_t t_end = std::min<int64_t>(kTileV, C - c0);
             vf t[GC][kTileV];

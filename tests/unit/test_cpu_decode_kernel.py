@@ -1,13 +1,19 @@
 """The CPU decode attention kernel (cpu_kernels/decode_attention.cpp) against a
 plain per-request reference, and the torch backend's use of it. The kernel has a block
 path (head_dim a multiple of twice the vector width: 32 with AVX-512, 16 without) and a
-row path (other head_dims); the shapes below cover both, GQA groups of 1, 3 and 4, and
-lengths around the block size."""
+row path (other head_dims); the shapes below cover both, GQA groups of 1, 3 and 4 (3
+and 4 have their own compiled loop), and lengths around the block size; the block edges
+also on the kernel as an AVX2-only CPU builds it (8-float vectors)."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pytest
 import torch
+
+from radixlm.cpu_kernels import build
 
 from radixlm.cpu_kernels.ops import (decode_attention_available, decode_attention_with_kv_write,
                                      paged_decode_attention)
@@ -32,6 +38,15 @@ def _reference(q, k_buf, v_buf, req_to_token, rows, lens, scale, window=0):
             s = (k[:, h // group] @ q[i, h].double()) * scale
             out[i, h] = torch.softmax(s, 0) @ v[:, h // group]
     return out
+
+
+@functools.cache
+def _kernel_8_lanes():
+    """The kernel built with 8-float vectors (simd.h), as on an AVX2-only CPU."""
+    source = Path(build.__file__).parent / "decode_attention.cpp"
+    module = build.build_extension("decode_attention_lanes8", source, ("-DRADIXLM_SIMD_LANES=8",))
+    assert module is not None
+    return module
 
 
 def _case(b: int, heads: int, kvh: int, d: int, dtype: torch.dtype, max_len: int, seed: int):
@@ -64,13 +79,18 @@ def test_kernel_matches_reference(dtype, tol, heads, kvh, d):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("heads,kvh,d", [(6, 6, 64), (9, 3, 64), (8, 2, 128), (3, 1, 128),
                                          (4, 1, 36), (6, 2, 24)])
-def test_kernel_block_edges_match_reference(dtype, tol, heads, kvh, d):
+@pytest.mark.parametrize("lanes", ["native", 8])
+def test_kernel_block_edges_match_reference(dtype, tol, heads, kvh, d, lanes):
     """Lengths 1, 7, 8, 15, 16, 17, 33 and 160 (blocks of 8 or 16 positions and their
     remainders), slots scattered over the pool; head_dims 64/128 (the block path, also
     compiled for a fixed head_dim) and 36/24 (the row path on AVX-512 and AVX2 alike)."""
     q, k_buf, v_buf, r2t, rows, lens = _case(8, heads, kvh, d, dtype, 160, seed=heads + d)
     lens = torch.tensor([1, 7, 8, 15, 16, 17, 33, 160])
-    out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    if lanes == "native":
+        out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    else:
+        out = _kernel_8_lanes().paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens,
+                                                       d ** -0.5, 0)
     ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
