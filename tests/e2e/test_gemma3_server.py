@@ -79,9 +79,10 @@ def test_chat_uses_the_gemma_template(client: Any, model: str) -> None:
     assert out.choices[0].message.content
 
 
-# Greedy tokens may flip where the top two are this close (logprob gap, nats): a batch of
-# more than 4 rows takes the dense bf16 head and projections, one row the int8/int4
-# kernels (int8 activations in the head), so the logits differ slightly by batch size.
+# Greedy tokens may flip to a token this close to the lone run's best (logprob gap, nats):
+# a batch of more than 4 rows takes the dense bf16 head and projections, one row the
+# int8/int4 kernels (int8 activations in the head), so the logits differ slightly by
+# batch size. Where three or more tokens are that close, the flip may go to any of them.
 NEAR_TIE_NATS = 0.5
 
 
@@ -91,7 +92,7 @@ def test_concurrent_greedy_equals_one_at_a_time(client: Any, model: str, server:
     kernels), or flip at a near-tie of the lone run, after which the texts may differ."""
     def complete(prompt: str) -> tuple[list[str], list[dict[str, float]]]:
         out = client.completions.create(model=model, prompt=prompt, max_tokens=16,
-                                        temperature=0, logprobs=2)
+                                        temperature=0, logprobs=5)
         assert out.usage.completion_tokens == 16 or out.choices[0].finish_reason == "stop"
         return out.choices[0].logprobs.tokens, out.choices[0].logprobs.top_logprobs
 
@@ -105,8 +106,8 @@ def test_concurrent_greedy_equals_one_at_a_time(client: Any, model: str, server:
             continue
         k = next((i for i, (x, y) in enumerate(zip(a, t)) if x != y), min(len(a), len(t)))
         assert k < min(len(a), len(t)), (prompt, a, t)  # one stopped early: not a flip
-        best = sorted(top[k].values(), reverse=True)
-        assert t[k] in top[k] and best[0] - best[1] < NEAR_TIE_NATS, (
+        best = max(top[k].values())
+        assert t[k] in top[k] and best - top[k][t[k]] < NEAR_TIE_NATS, (
             f"{prompt!r} diverges at token {k} without a near-tie: {a} vs {t}, top {top[k]}")
     texts = ["".join(a) for a, _ in alone]
     assert len(set(texts)) == len(texts)  # distinct prompts, distinct continuations
