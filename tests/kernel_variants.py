@@ -19,12 +19,15 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "radixlm" / "cpu_kernels"
-# (kernel, path) -> extra compiler flags; `path` is what the built module reports.
+# (kernel, path) -> extra compiler flags; `path` is what the built module reports (for
+# the simd.h kernels: the vector width in floats, 8 as an AVX2-only CPU builds them).
 VARIANTS: dict[tuple[str, int], tuple[str, ...]] = {
     ("int4_groups", 2): ("-DRADIXLM_INT4_PATH=2",),
     ("int4_groups", 1): ("-DRADIXLM_INT4_PATH=1",),
     ("int8_groups", 1): ("-mno-avx512f", "-DRADIXLM_INT8_GROUPS_PATH=1"),
     ("int8_groups", 0): ("-mno-avx2", "-mno-avx512f", "-DRADIXLM_INT8_GROUPS_PATH=0"),
+    ("sampling", 8): ("-DRADIXLM_SIMD_LANES=8",),
+    ("decode_attention", 8): ("-DRADIXLM_SIMD_LANES=8",),
 }
 
 

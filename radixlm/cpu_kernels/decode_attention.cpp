@@ -121,6 +121,25 @@ struct Scratch {
   std::vector<vf> part;           // [G, kLanes] a block's partial score vectors (GC > 0)
 };
 
+// The online softmax's step for query head g over one block: its scores sc (lanes past
+// the end masked by `valid`) raise the running max where they exceed it, what was
+// accumulated under the old max is rescaled, and the block's probabilities go to s.p[g].
+template <typename kv_t>
+inline void softmax_step(Scratch<kv_t>& s, int64_t g, vf sc, vf valid, int64_t D, int64_t C) {
+  sc = valid != 0.f ? sc : splat(-INFINITY);
+  const float m_new = std::max(s.m[g], hmax(sc));
+  const vf p = exp_vec(sc - m_new) * valid;
+  if (m_new != s.m[g]) {
+    const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
+    s.lsum[g] *= corr;
+    float* a = s.acc.data() + g * D;
+    for (int64_t c = 0; c < C; ++c) store(a + c * kLanes, load(a + c * kLanes) * corr);
+    s.m[g] = m_new;
+  }
+  s.lsum[g] += p;
+  store(s.p.data() + g * kLanes, p);
+}
+
 // The block kernel: positions in blocks of kLanes. Per block and query head g the scores
 // of the kLanes positions come out in the lanes of one vector (per position a partial
 // vector of q * k over head_dim, kept in registers, then one transpose_sum for the
@@ -195,21 +214,8 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
             }
             for (int g = 0; g < GC; ++g) s.part[g * kLanes + j] = a[g];
           }
-          for (int g = 0; g < GC; ++g) {
-            vf sc = transpose_sum(s.part.data() + g * kLanes);
-            sc = valid != 0.f ? sc : splat(-INFINITY);
-            const float m_new = std::max(s.m[g], hmax(sc));
-            const vf p = exp_vec(sc - m_new) * valid;
-            if (m_new != s.m[g]) {
-              const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
-              s.lsum[g] *= corr;
-              float* acc = s.acc.data() + g * D;
-              for (int64_t c = 0; c < C; ++c) store(acc + c * kLanes, load(acc + c * kLanes) * corr);
-              s.m[g] = m_new;
-            }
-            s.lsum[g] += p;
-            store(s.p.data() + g * kLanes, p);
-          }
+          for (int g = 0; g < GC; ++g)
+            softmax_step(s, g, transpose_sum(s.part.data() + g * kLanes), valid, D, C);
           // V: each V row loaded once for the GC heads; GC x kTileV accumulators in registers
           // (about 24 of AVX-512's 32 vector registers, 12 of AVX2's 16).
           constexpr int64_t kRegs = kLanes >= 16 ? 24 : 12;
@@ -248,21 +254,8 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
             }
             part[j] = a;
           }
-          vf sc = transpose_sum(part);
-          sc = valid != 0.f ? sc : splat(-INFINITY);
-          const float m_new = std::max(s.m[g], hmax(sc));
-          const vf p = exp_vec(sc - m_new) * valid;
-          if (m_new != s.m[g]) {
-            // The running max rose: rescale what was accumulated under the old one.
-            const float corr = s.m[g] == -INFINITY ? 0.f : exp_approx(s.m[g] - m_new);
-            s.lsum[g] *= corr;
-            float* a = s.acc.data() + g * D;
-            for (int64_t c = 0; c < C; ++c) store(a + c * kLanes, load(a + c * kLanes) * corr);
-            s.m[g] = m_new;
-          }
-          s.lsum[g] += p;
-          float* pg = s.p.data() + g * kLanes;
-          store(pg, p);
+          softmax_step(s, g, transpose_sum(part), valid, D, C);
+          const float* pg = s.p.data() + g * kLanes;
           // V: a tile of up to 8 vectors of head_dim in registers over the block's lanes.
           float* acc = s.acc.data() + g * D;
           constexpr int64_t kTile = 8;

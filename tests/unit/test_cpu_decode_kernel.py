@@ -7,13 +7,8 @@ also on the kernel as an AVX2-only CPU builds it (8-float vectors)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 import torch
-
-from radixlm.cpu_kernels import build
 
 from radixlm.cpu_kernels.ops import (decode_attention_available, decode_attention_with_kv_write,
                                      paged_decode_attention)
@@ -38,15 +33,6 @@ def _reference(q, k_buf, v_buf, req_to_token, rows, lens, scale, window=0):
             s = (k[:, h // group] @ q[i, h].double()) * scale
             out[i, h] = torch.softmax(s, 0) @ v[:, h // group]
     return out
-
-
-@functools.cache
-def _kernel_8_lanes():
-    """The kernel built with 8-float vectors (simd.h), as on an AVX2-only CPU."""
-    source = Path(build.__file__).parent / "decode_attention.cpp"
-    module = build.build_extension("decode_attention_lanes8", source, ("-DRADIXLM_SIMD_LANES=8",))
-    assert module is not None
-    return module
 
 
 def _case(b: int, heads: int, kvh: int, d: int, dtype: torch.dtype, max_len: int, seed: int):
@@ -89,8 +75,10 @@ def test_kernel_block_edges_match_reference(dtype, tol, heads, kvh, d, lanes):
     if lanes == "native":
         out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
     else:
-        out = _kernel_8_lanes().paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens,
-                                                       d ** -0.5, 0)
+        from tests.kernel_variants import variant  # 8-float vectors, as on AVX2-only CPUs
+
+        out = variant("decode_attention", 8).paged_decode_attention(q, k_buf, v_buf, r2t, rows,
+                                                                    lens, d ** -0.5, 0)
     ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 

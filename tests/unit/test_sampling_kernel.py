@@ -6,14 +6,10 @@ cut tests also run the kernel as an AVX2-only CPU builds it (8-float vectors).""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 import torch
 
 import radixlm.executor.sampler as sampler_mod
-from radixlm.cpu_kernels import build
 from radixlm.cpu_kernels.build import load_kernel
 from radixlm.executor.sampler import Sampler, SamplingBatchInfo, draw_rows
 from radixlm.sampling_params import SamplingParams
@@ -31,18 +27,14 @@ def kernel():
     return load_kernel("sampling")
 
 
-@functools.cache
-def kernel_8_lanes():
-    """The kernel as an AVX2-only CPU builds it (8-float vectors; simd.h)."""
-    source = Path(build.__file__).parent / "sampling.cpp"
-    module = build.build_extension("sampling_lanes8", source, ("-DRADIXLM_SIMD_LANES=8",))
-    assert module is not None
-    return module
-
-
 @pytest.fixture(params=["native", "8 lanes"])
 def module(request):
-    return kernel() if request.param == "native" else kernel_8_lanes()
+    """The kernel as built here, and as an AVX2-only CPU builds it (8-float vectors)."""
+    if request.param == "native":
+        return kernel()
+    from tests.kernel_variants import variant
+
+    return variant("sampling", 8)
 
 
 def draw(logits, rows, inv_t, u, top_k=None, top_p=1.0, min_p=0.0, module=None):
