@@ -176,9 +176,9 @@ def build_missing_in_parallel() -> None:
     builder or compiler behind: `builder_preexec`). A failed child is only logged:
     load_kernel then tries (and says) again."""
     missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
-    workers = min(len(missing), os.cpu_count() or 1)
     if not missing:
         return
+    workers = min(len(missing), os.cpu_count() or 1)
     if len(missing) > 1 and workers > 1:  # a single builder announces its own build
         rounds = -(-len(missing) // workers)
         logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),

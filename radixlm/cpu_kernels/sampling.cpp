@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -81,6 +80,20 @@ inline vf weights(vf x, float max, float inv_t) {
   return a < -87.f ? splat(0.f) : e;
 }
 
+// Every (row, chunk) pair of `rows` rows of `chunks` chunks, split across threads: the
+// per-chunk partial results of argmax_rows and sample_rows (out[r * chunks + c]).
+template <typename Part, typename F>
+std::vector<Part> per_chunk(int64_t rows, int64_t chunks, int64_t vocab, F chunk_of_row) {
+  std::vector<Part> part(rows * chunks);
+  at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / chunks, c = t % chunks;
+      part[t] = chunk_of_row(r, c * kChunk, std::min(vocab, (c + 1) * kChunk));
+    }
+  });
+  return part;
+}
+
 // [n] int64: per row of logits [n, V] (float32, contiguous), the first index of its
 // largest value (of its first NaN if it has one: torch.argmax's convention).
 torch::Tensor argmax_rows(const torch::Tensor& logits) {
@@ -88,12 +101,8 @@ torch::Tensor argmax_rows(const torch::Tensor& logits) {
               "argmax_rows: logits must be a contiguous [n, V] float32 tensor");
   const int64_t n = logits.size(0), vocab = logits.size(1), chunks = num_chunks(vocab);
   const float* data = logits.data_ptr<float>();
-  std::vector<ChunkMax> part(n * chunks);
-  at::parallel_for(0, n * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = t / chunks, c = t % chunks;
-      part[t] = chunk_max(data + r * vocab, c * kChunk, std::min(vocab, (c + 1) * kChunk));
-    }
+  const auto part = per_chunk<ChunkMax>(n, chunks, vocab, [&](int64_t r, int64_t b, int64_t e) {
+    return chunk_max(data + r * vocab, b, e);
   });
   auto out = torch::empty({n}, logits.options().dtype(torch::kLong));
   int64_t* ids = out.data_ptr<int64_t>();
@@ -263,13 +272,10 @@ std::vector<torch::Tensor> sample_rows(const torch::Tensor& logits, const torch:
   auto row_of = [&](int64_t s) { return data + row_ids[s] * vocab; };
 
   // Pass 1: each chunk's max and weight sum (relative to the chunk's max).
-  std::vector<ChunkSum> part(s_rows * chunks);
-  at::parallel_for(0, s_rows * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t s = t / chunks, c = t % chunks;
-      part[t] = chunk_sum(row_of(s), c * kChunk, std::min(vocab, (c + 1) * kChunk), inv_t[s]);
-    }
-  });
+  auto chunk_of_row = [&](int64_t s, int64_t b, int64_t e) {
+    return chunk_sum(row_of(s), b, e, inv_t[s]);
+  };
+  const auto part = per_chunk<ChunkSum>(s_rows, chunks, vocab, chunk_of_row);
 
   // Pass 2, per row: its max and each chunk's mass at it; then, for a row with a cut, its
   // kept tokens and the draw among them; else the chunk where the cumulative weight

@@ -48,6 +48,9 @@ class SamplingBatchInfo:
     # with the batch, so on CUDA it is uploaded at launch with the other inputs instead of
     # a synchronizing host->device copy on the forward thread.
     sample_rows: torch.Tensor
+    # [S] per drawing row, for the CPU sampling kernel (built with the batch, like
+    # sample_rows: no per-step indexing): 1 / temperature, top_k, top_p, min_p.
+    sample_params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     generators: list[torch.Generator | None]
     need_top_k_p: bool
     need_min_p: bool
@@ -86,14 +89,22 @@ class SamplingBatchInfo:
         greedy = [p.is_greedy for p in ps]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, ps)]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in ps]
+        drawing = [i for i, g in enumerate(greedy) if not g]
+        temperatures = torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1)
         info = cls(
-            temperatures=torch.tensor(temps, dtype=torch.float32, device=device).unsqueeze(1),
+            temperatures=temperatures,
             top_ps=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=device),
             top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
             min_ps=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
             greedy=greedy,
-            sample_rows=torch.tensor([i for i, g in enumerate(greedy) if not g],
-                                     dtype=torch.int64, device=device),
+            sample_rows=torch.tensor(drawing, dtype=torch.int64, device=device),
+            sample_params=(
+                (1.0 / temperatures[drawing]).flatten(),
+                torch.tensor([top_ks[i] for i in drawing], dtype=torch.int64, device=device),
+                torch.tensor([ps[i].top_p for i in drawing], dtype=torch.float32,
+                             device=device),
+                torch.tensor([ps[i].min_p for i in drawing], dtype=torch.float32,
+                             device=device)),
             generators=[r.generator for r in reqs],
             need_top_k_p=any(not g and (p.top_p < 1.0 or p.top_k >= 1) for g, p in zip(greedy, ps)),
             need_min_p=any(not g and p.min_p > 0.0 for g, p in zip(greedy, ps)),
@@ -228,9 +239,9 @@ class Sampler:
                 u = torch.cat([torch.rand(1, dtype=torch.float64, device=logits.device,
                                           generator=info.generators[i]) for i in sample_rows])
             if kernel is not None:
-                drawn, valid = kernel.sample_rows(
-                    logits, rows, (1.0 / info.temperatures[rows]).flatten(), u,
-                    info.top_ks[rows], info.top_ps[rows], info.min_ps[rows])
+                inv_temps, top_ks, top_ps, min_ps = info.sample_params
+                drawn, valid = kernel.sample_rows(logits, rows, inv_temps, u, top_ks, top_ps,
+                                                  min_ps)
             else:
                 probs = torch.softmax(logits[rows] / info.temperatures[rows], dim=-1)
                 # No renormalization after the cut: the draw scales u by each row's own
