@@ -1,4 +1,4 @@
-"""Gemma 3 270M Q4_K_M decode steps of `--batch` requests (default 1) under two or more
+"""Gemma 3 270M Q4_K_M (or --model) decode steps of `--batch` requests (default 1) under two or more
 linear policies, every model in one process and their steps interleaved (A, B, A, B, ...),
 so that a shared, loaded machine disturbs all alike. Eager forward through the real pools
 (tests' PoolHarness), bf16 KV. Default policies: Q5_0 layers on the q5_bf16 kernel vs as
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--model", help="a GGUF (default: Gemma 3 270M Q4_K_M)")
     ap.add_argument("--policy", action="append", default=[],
                     help="FIELD=VALUE[,FIELD=VALUE]: a LinearPolicy('auto') variant")
     args = ap.parse_args()
@@ -49,7 +50,7 @@ def main() -> None:
         ("q5_bf16", LinearPolicy("auto")), ("int8 groups", LinearPolicy("auto", q5_kernel=False))]
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = gemma3_270m_gguf()
+    path = args.model or gemma3_270m_gguf()
     runs = {}
     for name, policy in variants:
         model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)

@@ -24,6 +24,7 @@
 // each output's float32 sum rounded once. Built only with AVX512-BF16 (int4_bf16_path()
 // says 0 otherwise and the matmul refuses: callers keep aten's int4pack kernel).
 #include "torch_api.h"
+#include "prefetch.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -78,6 +79,7 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float*
     for (int ch = 0; ch < 4; ++ch) {
       const int64_t k0 = g * kGroup + 8 * ch;
       for (int b = 0; b < NB; ++b) {
+        prefetch_ahead(wp + (b0 + b) * bstride + k0 * 8);
         const __m512i p = _mm512_loadu_si512(wp + (b0 + b) * bstride + k0 * 8);
         const __m512i lo = _mm512_and_si512(p, low4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
@@ -97,6 +99,9 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float*
       }
     }
     for (int b = 0; b < NB; ++b) {
+      // d and c: 64 bytes each per 256 bytes of nibbles.
+      prefetch_ahead(dp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
+      prefetch_ahead(cp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
       const __m512 dv = _mm512_loadu_ps(dp + ((b0 + b) * ng + g) * kBlockN);
       const __m512 cv = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), dv,
                                          _mm512_loadu_ps(cp + ((b0 + b) * ng + g) * kBlockN));

@@ -23,6 +23,7 @@
 // float32 sums rounded once. Each weight byte is read from memory once per call whatever
 // M is (rows of x are taken 8 at a time against one weight row, which stays in L1).
 #include "torch_api.h"
+#include "prefetch.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -390,6 +391,11 @@ void run(const Rows& X, int64_t M, int64_t N, const uint8_t* wp, const S* dp, co
       const uint8_t* w = wp + n * (K / 2);
       const S* dr = dp + n * ng;
       const S* mr = mp + n * ng;
+      // The row kPrefetchBytes of nibbles ahead (rows are contiguous), its scales too.
+      const int64_t rows_ahead = (kPrefetchBytes + K / 2 - 1) / (K / 2);
+      prefetch_span(w, K / 2, rows_ahead * (K / 2));
+      prefetch_span(dr, ng * int64_t(sizeof(S)), rows_ahead * ng * int64_t(sizeof(S)));
+      prefetch_span(mr, ng * int64_t(sizeof(S)), rows_ahead * ng * int64_t(sizeof(S)));
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         const int64_t mb = std::min<int64_t>(kRowBlock, M - m0);
         float* out = out_n + m0;

@@ -13,6 +13,7 @@
 // Every weight byte is read from memory once per call whatever M is (rows of x go 8 at a
 // time against a weight row, which stays in L1), so a call is bound by the weight's read.
 #include "torch_api.h"
+#include "prefetch.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -113,6 +114,8 @@ inline void row_dot(const QuantX& qx, int64_t m0, const int8_t* qr, const float*
   int64_t k = 0;
   for (; k + kChunk <= K; k += kChunk) {
     for (int j = 0; j < NB; ++j) {
+      prefetch_ahead(qr + j * K + k);
+      prefetch_ahead(sr + j * ng + k / G, kPrefetchBytes * 4 / G);
       w[j] = _mm512_loadu_si512(qr + j * K + k);
       ws[j] = _mm512_permutexvar_ps(
           lane_group, _mm512_maskz_loadu_ps((1u << kGroups) - 1, sr + j * ng + k / G));
@@ -150,6 +153,8 @@ inline void row_dot(const QuantX& qx, int64_t m0, const int8_t* qr, const float*
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t k = 0; k < K; k += 32) {
     const bool half = K - k < 32;  // 16 bytes left (K % 16 == 0)
+    prefetch_ahead(qr + k);
+    prefetch_ahead(sr + k / G, kPrefetchBytes * 4 / G);
     const __m256i w = half
         ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qr + k)))
         : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + k));

@@ -25,6 +25,7 @@
 // each output's float32 sum rounded once. Built only with AVX512-BF16 (q5_bf16_path()
 // says 0 otherwise and the matmul refuses: callers keep the int8_groups kernel).
 #include "torch_api.h"
+#include "prefetch.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -79,6 +80,8 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16
       const int64_t k0 = g * kGroup + 8 * ch;
       for (int b = 0; b < NB; ++b) {
         const uint8_t* gp = wp + (b0 + b) * bstride + g * kGroupBytes;
+        prefetch_ahead(gp + 64 * ch);
+        if (ch == 0) prefetch_ahead(gp + 256);  // the masks' line (320-byte groups)
         const __m512i p = _mm512_loadu_si512(gp + 64 * ch);
         uint64_t mlo, mhi;
         std::memcpy(&mlo, gp + 256 + 16 * ch, 8);
@@ -103,6 +106,8 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16
       }
     }
     for (int b = 0; b < NB; ++b) {
+      // d: 32 bytes per 320-byte group.
+      prefetch_ahead(dp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 10);
       const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(dp + ((b0 + b) * ng + g) * kBlockN)));
       const __m512 cv = _mm512_mul_ps(_mm512_set1_ps(-144.f), dv);

@@ -39,7 +39,6 @@ from radixlm.planning.weight_estimate import kv_heads_per_rank, module_bytes
 from radixlm.models import ModelConfig, load_model
 from radixlm.models.batch_invariant import BatchInvariantOps
 from radixlm.models.linear import LinearPolicy, weight_bytes_by_format
-from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M, SPECULATIVE_INT8_GROUPS_MAX_M
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.runtime.device import choose_dtype, resolve_device, resolve_kv_cache_dtype
 from radixlm.runtime.host_malloc import collapse_to_huge_pages
@@ -86,9 +85,6 @@ class ModelRunner:
         self.linear_policy = LinearPolicy(
             quantization=args.quantization, prepack=not args.disable_weight_prepack,
             int4_int8_activations=args.int4_int8_activations,
-            # A verify step's rows must stay on the kernels the decode steps use.
-            int8_groups_max_m=(SPECULATIVE_INT8_GROUPS_MAX_M if args.speculative_algorithm
-                               else DEFAULT_INT8_GROUPS_MAX_M),
             # Deterministic inference: every GEMM on fixed row tiles (docs/deterministic.md);
             # no quantized kernels (they switch by batch size).
             gemm=BatchInvariantOps().linear if args.enable_deterministic_inference else None)

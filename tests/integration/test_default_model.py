@@ -176,12 +176,11 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj):
             assert isinstance(lin.method, Int4GroupwiseLinear)
-    # The tied Q8_0 head: its int8 groups for calls of up to 4 rows (8 with speculative
-    # decoding: test_speculative_bf16.py) over a prepacked dense head; the embedding reads
-    # the int8 rows (no dense table of its own).
+    # The tied Q8_0 head: its int8 groups for calls of up to 8 rows over a prepacked dense
+    # head; the embedding reads the int8 rows (no dense table of its own).
     head = model.logits_method
     assert isinstance(head, Int8GroupwiseLinear) and isinstance(head.fallback, PrepackedLinear)
-    assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 4
+    assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 8
     assert model.model.embed_tokens.rows_method is head
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}
 

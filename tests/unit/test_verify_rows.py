@@ -64,17 +64,14 @@ def test_controller_proposes_within_the_cap():
 
 
 def test_int8_group_methods_take_eight_verify_rows():
-    """With speculative decoding the int8-group methods (the default model's Q8_0 head) keep
-    their kernel up to 8 rows, so they do not cap a verify at 4 (k = 7 drafts at batch 1,
-    not 3); without it they stop at 4 (DEFAULT_INT8_GROUPS_MAX_M), where dense is faster."""
+    """The int8-group methods (the default model's Q8_0 head) keep their kernel up to 8
+    rows, so they do not cap a verify at 4 (k = 7 drafts at batch 1, not 3)."""
     import pytest
 
     from radixlm.models.linear.int8_groups import Int8Groups, Int8GroupwiseLinear
-    from radixlm.models.linear.policy import (SPECULATIVE_INT8_GROUPS_MAX_M, LinearPolicy,
-                                              make_head_method, make_linear_method)
+    from radixlm.models.linear.policy import LinearPolicy, make_head_method, make_linear_method
 
-    # The model runner's policy when speculative decoding is on.
-    policy = LinearPolicy(quantization="auto", int8_groups_max_m=SPECULATIVE_INT8_GROUPS_MAX_M)
+    policy = LinearPolicy(quantization="auto")  # the model runner's (no row limit given)
     if not policy.keeps_int8(torch.bfloat16, torch.device("cpu")):
         pytest.skip("the int8_groups kernel did not build")
     g = torch.Generator().manual_seed(0)

@@ -50,14 +50,11 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
 # Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
-# stay on their kernel: 4, where they still match or beat oneDNN's bf16 GEMM (Gemma 3's
-# batch-8 decode step 40.4 -> 34.4 ms with 4 instead of 8 on an AMX Xeon; the head 0.85x of
-# dense at 4 rows on Zen 4: docs/benchmarks.md, "int8 groups: 4 rows"). With speculative
-# decoding 8 (the model runner sets it), so that a verify of up to 8 rows (the smallest
-# max_m: speculative/verify_rows.py) computes every row as the decode steps do and keeps
-# the int4 x bf16 kernels' 8 rows (docs/benchmarks.md, "Verify rows up to 8").
-DEFAULT_INT8_GROUPS_MAX_M = 4
-SPECULATIVE_INT8_GROUPS_MAX_M = 8
+# stay on their kernel: 8. With the weight read prefetched, Gemma 3's decode steps of 5, 6
+# and 8 rows are 1.20x / 1.15x / 1.05x faster than with 4 and oneDNN's AMX bf16 GEMM
+# beyond (docs/benchmarks.md, "Software prefetch"), and a speculative verify of up to 8
+# rows (speculative/verify_rows.py) keeps the int4 x bf16 kernels' 8 rows.
+DEFAULT_INT8_GROUPS_MAX_M = 8
 
 
 @dataclass(frozen=True)
