@@ -1,6 +1,7 @@
 """Side by side in one process: the int4_bf16 C++ kernel (bf16 activations, exact), the
 int4_groups C++ kernel (int8 activations), aten's
-int4pack kernel and the dense bf16 fallback (oneDNN prepacked), on SmolLM2-135M's
+int4pack kernel, the dense bf16 fallback (oneDNN prepacked) and, on an AMX CPU, int4_bf16's
+AVX512-BF16 loops (`int4_bf16 loops`; `int4_bf16` is then its AMX tiles), on SmolLM2-135M's
 projection shapes, for calls of M rows (bf16 activations, as the engine sends).
 
     PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_int4_kernel.py \
@@ -29,7 +30,19 @@ from radixlm.models.linear.method import PrepackedLinear
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576),
           "down_proj": (576, 1536)}
 
-COLUMNS = ("int4_bf16", "int4_groups", "aten int4pack", "dense bf16")
+
+
+def vector_loops_kernel():
+    """On an AMX CPU (the built int4_bf16 kernel's path 2), the same kernel built without
+    its AMX path (-DRADIXLM_INT4_AMX=0: the AVX512-BF16 loops other CPUs run); else None."""
+    from radixlm.models.linear.int4 import int4_bf16_kernel
+
+    built = int4_bf16_kernel()
+    if built is None or built.int4_bf16_path() != 2:
+        return None
+    from tests.kernel_variants import load_variant
+
+    return load_variant("int4_bf16", 1)
 
 
 def _groups(n: int, k: int, g: torch.Generator) -> Int4Groups:
@@ -67,6 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     methods: dict[str, dict[str, object]] = {}
+    vec = vector_loops_kernel()
     for name, (n, k) in SHAPES.items():
         groups = _groups(n, k, g)
         dense = PrepackedLinear(groups.dequantize().bfloat16())
@@ -79,12 +93,17 @@ def main() -> None:
             "aten int4pack": (aten.small, aten.kernel_bytes()),
             "dense bf16": (dense.forward, n * k * 2),
         }
+        if vec is not None:  # the AVX512-BF16 loops beside the AMX tiles
+            loops = Int4GroupwiseLinear(groups, dense, max_m=10**6, use_bf16=True)
+            loops._bf16 = vec
+            methods[name]["int4_bf16 loops"] = (loops.small, loops.kernel_bytes())
+    columns = list(methods["qkv_proj"])
     print(f"{'threads':>7} {'M':>3} {'shape':>13} " + "".join(
-        f"{m:>22}" for m in COLUMNS) + "  bf16/aten bf16/dense")
+        f"{m:>22}" for m in columns) + "  bf16/aten bf16/dense")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for rows in args.rows:
-            total = {m: 0.0 for m in COLUMNS}
+            total = {m: 0.0 for m in columns}
             for name, (n, k) in SHAPES.items():
                 x = torch.randn(rows, k, generator=g).bfloat16()
                 meths = methods[name]
@@ -93,7 +112,8 @@ def main() -> None:
                 for (meth, (_, nbytes)), us in zip(meths.items(), times):
                     total[meth] += us
                     cells.append(f"{us:9.1f} us {nbytes / us / 1e3:6.1f} GB/s")
-                us_new, _, us_aten, us_dense = (float(c.split()[0]) for c in cells)
+                us = dict(zip(meths, times))
+                us_new, us_aten, us_dense = us["int4_bf16"], us["aten int4pack"], us["dense bf16"]
                 print(f"{threads:>7} {rows:>3} {name:>13} " + "".join(f"{c:>22}" for c in cells)
                       + f"   {us_aten / us_new:8.2f} {us_dense / us_new:9.2f}")
             print(f"{threads:>7} {rows:>3} {'layer':>13} " + "".join(

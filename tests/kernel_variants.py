@@ -26,6 +26,7 @@ VARIANTS: dict[tuple[str, int], tuple[str, ...]] = {
     ("int4_groups", 1): ("-DRADIXLM_INT4_PATH=1",),
     ("int8_groups", 1): ("-mno-avx512f", "-DRADIXLM_INT8_GROUPS_PATH=1"),
     ("int8_groups", 0): ("-mno-avx2", "-mno-avx512f", "-DRADIXLM_INT8_GROUPS_PATH=0"),
+    ("int4_bf16", 1): ("-DRADIXLM_INT4_AMX=0",),
     ("sampling", 8): ("-DRADIXLM_SIMD_LANES=8",),
     ("decode_attention", 8): ("-DRADIXLM_SIMD_LANES=8",),
 }

@@ -15,7 +15,6 @@ import torch
 
 from radixlm.models import load_model, resolve_model_path
 from radixlm.models.gguf_loader import _FastGGUFReader
-from radixlm.models.linear.int4 import int4_bf16_kernel_usable
 from radixlm.tokenizer.loader import CACHE_ENV, load_tokenizer
 from tests.conftest_models import PoolHarness, rel_err
 
@@ -150,7 +149,12 @@ def test_tokenizer_cache_is_fast_and_identical(gguf_path, tokenizer_cache, monke
 # head): 0.013 / 0.015 with the int4_bf16 kernel (unquantized activations: the default on
 # AVX512-BF16), 0.020 / 0.032 with aten's int4pack (bf16 scales; elsewhere), 0.039 / 0.076
 # with --int4-int8-activations; greedy parity on the parity prompts (random logits: ~1).
-INT4_LOGITS_TOL = 0.025 if int4_bf16_kernel_usable() else 0.04
+# Over 18 decode steps of the three parity prompts (2026-12-06, int8 head, bf16 decode
+# attention): median 0.017 / max 0.042 with the int4_bf16 kernel's AVX512-BF16 loops,
+# 0.018 / 0.049 with its AMX tiles: a one-ulp change in a layer's bf16 output moves this
+# model's logits by ~1-2% of the largest, whichever summation order, so the bound allows
+# the spread of orders and still fails a broken kernel.
+INT4_LOGITS_TOL = 0.06
 
 
 @pytest.fixture(scope="module")

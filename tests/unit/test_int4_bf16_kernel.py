@@ -21,6 +21,20 @@ kernel = int4_bf16_kernel()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="int4_bf16 needs AVX512-BF16")
 
 
+@pytest.fixture(params=["built", "avx512"])
+def built_or_avx512(request):
+    """The kernel as built here (AMX tiles where the CPU has them: path 2), and on an AMX
+    CPU also its AVX512-BF16 loops (built with -DRADIXLM_INT4_AMX=0), which CPUs without
+    AMX run."""
+    if request.param == "built":
+        return kernel
+    if kernel.int4_bf16_path() != 2:
+        pytest.skip("the built kernel is the AVX512-BF16 path already")
+    from tests.kernel_variants import variant
+
+    return variant("int4_bf16", 1)
+
+
 def _groups(n: int, k: int, g: torch.Generator) -> Int4Groups:
     """Random Q4_1-like groups (float16-exact d and m)."""
     q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
@@ -51,12 +65,12 @@ def test_pack_layout() -> None:
     assert p[64 + 27] == 7 and p[128 + 8] == 9 << 4 and int(p.sum()) == 7 + (9 << 4)
 
 
-def _check(dtype: torch.dtype, m: int, n: int, k: int, seed: int) -> None:
+def _check(module, dtype: torch.dtype, m: int, n: int, k: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     groups = _groups(n, k, g)
     d, mm = block_scales(groups.d, groups.m)
     x = (torch.randn(m, k, generator=g) * 2).to(dtype)
-    y = kernel.int4_bf16_matmul(x, pack_bf16_blocks(groups.q), d, mm, n)
+    y = module.int4_bf16_matmul(x, pack_bf16_blocks(groups.q), d, mm, n)
     assert y.shape == (m, n) and y.dtype == dtype
     w = groups.dequantize().double()
     ref = x.double() @ w.T
@@ -70,19 +84,20 @@ def _check(dtype: torch.dtype, m: int, n: int, k: int, seed: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17])
 @pytest.mark.parametrize("n,k", [(40, 96), (33, 224), (64, 576), (100, 1536)])
-def test_matmul_against_reference(dtype: torch.dtype, m: int, n: int, k: int) -> None:
-    _check(dtype, m, n, k, seed=m * 1000 + n + k)
+def test_matmul_against_reference(built_or_avx512, dtype: torch.dtype, m: int, n: int,
+                                  k: int) -> None:
+    _check(built_or_avx512, dtype, m, n, k, seed=m * 1000 + n + k)
 
 
 @needs_kernel
-def test_summation_error_is_float32_sized() -> None:
+def test_summation_error_is_float32_sized(built_or_avx512) -> None:
     """bf16-exact x as float32 (no split, float32 output): the kernel's own error, the 128
     offset's cancellation included, stays ~1e-5 of sum |x| |w| (bf16 x alone: 4e-3)."""
     g = torch.Generator().manual_seed(1)
     groups = _groups(960, 576, g)
     d, mm = block_scales(groups.d, groups.m)
     x = torch.randn(4, 576, generator=g).bfloat16().float()
-    y = kernel.int4_bf16_matmul(x, pack_bf16_blocks(groups.q), d, mm, 960)
+    y = built_or_avx512.int4_bf16_matmul(x, pack_bf16_blocks(groups.q), d, mm, 960)
     w = groups.dequantize().double()
     rel = ((y.double() - x.double() @ w.T).abs() / (x.double().abs() @ w.abs().T)).max()
     assert rel < 1e-5, float(rel)
@@ -122,7 +137,7 @@ def test_traces_under_torch_compile_as_the_custom_op() -> None:
 
 
 @needs_kernel
-def test_rows_equal_single_row_calls_bit_for_bit() -> None:
+def test_rows_equal_single_row_calls_bit_for_bit(built_or_avx512) -> None:
     """A call of 1..9 rows gives each row exactly what a one-row call gives it (a
     speculative verify of up to 8 rows must reproduce its decode steps' logits)."""
     g = torch.Generator().manual_seed(5)
@@ -134,7 +149,8 @@ def test_rows_equal_single_row_calls_bit_for_bit() -> None:
     # group's products round, and their order shows.
     scale = torch.exp2(torch.randint(-12, 13, (9, k), generator=g).float())
     x = (torch.randn(9, k, generator=g) * scale).bfloat16()
-    one = torch.cat([kernel.int4_bf16_matmul(x[i:i + 1].contiguous(), w, d, mm, n)
+    mod = built_or_avx512
+    one = torch.cat([mod.int4_bf16_matmul(x[i:i + 1].contiguous(), w, d, mm, n)
                      for i in range(9)])
     for m in range(2, 10):
-        assert torch.equal(kernel.int4_bf16_matmul(x[:m].contiguous(), w, d, mm, n), one[:m]), m
+        assert torch.equal(mod.int4_bf16_matmul(x[:m].contiguous(), w, d, mm, n), one[:m]), m

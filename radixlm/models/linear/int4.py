@@ -52,7 +52,7 @@ def int4_bf16_kernel():
     from radixlm.cpu_kernels.build import load_kernel
 
     kernel = load_kernel("int4_bf16")
-    return kernel if kernel is not None and kernel.int4_bf16_path() == 1 else None
+    return kernel if kernel is not None and kernel.int4_bf16_path() >= 1 else None
 
 
 def int4_bf16_kernel_usable() -> bool:
