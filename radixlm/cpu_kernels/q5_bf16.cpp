@@ -26,6 +26,7 @@
 // says 0 otherwise and the matmul refuses: callers keep the int8_groups kernel).
 #include "torch_api.h"
 #include "prefetch.h"
+#include "bf16_rows.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -48,11 +49,10 @@ constexpr int64_t kGroupBytes = 320;  // 256 nibble bytes + 4 x 16 mask bytes
 
 #if RADIXLM_Q5_BF16
 
-struct Rows {
-  const uint16_t* x;  // [R, K] bf16 bits
-  const float* s;     // [R, ng] group sums
-  int64_t K, ng;
-};
+using bf16_rows::prepare;
+using bf16_rows::Rows;
+using bf16_rows::with_rows;
+using bf16_rows::write_rows;
 
 // NB blocks of 16 channels (starting at block b0) against MB rows (starting at m0);
 // out[i * ostride + nb * 16 + j] for i < MB.
@@ -126,46 +126,7 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16
 template <int NB>
 void rows_dot(const Rows& X, int64_t m0, int64_t mb, const uint8_t* wp, const uint16_t* dp,
               int64_t b0, float* out, int64_t ostride) {
-  switch (mb) {
-    case 8: block_dot<8, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 7: block_dot<7, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 6: block_dot<6, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 5: block_dot<5, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 4: block_dot<4, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 3: block_dot<3, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    case 2: block_dot<2, NB>(X, m0, wp, dp, b0, out, ostride); break;
-    default: block_dot<1, NB>(X, m0, wp, dp, b0, out, ostride); break;
-  }
-}
-
-// bf16 bits of x (float32: hi rows then lo rows) and their group sums.
-void prepare(const torch::Tensor& x, std::vector<uint16_t>& xb, std::vector<float>& s,
-             int64_t& R) {
-  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
-  const bool f32 = x.scalar_type() == torch::kFloat;
-  R = f32 ? 2 * M : M;
-  xb.resize(R * K);
-  s.resize(R * ng);
-  if (f32) {
-    const float* xp = x.data_ptr<float>();
-    for (int64_t i = 0; i < M * K; ++i) {
-      const c10::BFloat16 hi(xp[i]);
-      const c10::BFloat16 lo(xp[i] - static_cast<float>(hi));
-      xb[i] = hi.x;
-      xb[M * K + i] = lo.x;
-    }
-  } else {
-    std::memcpy(xb.data(), x.data_ptr(), M * K * 2);
-  }
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t g = 0; g < ng; ++g) {
-      const uint16_t* src = xb.data() + i * K + g * kGroup;
-      const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
-      const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16))), 16));
-      s[i * ng + g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
-    }
+  with_rows(mb, [&](auto MB) { block_dot<MB(), NB>(X, m0, wp, dp, b0, out, ostride); });
 }
 
 #endif
@@ -221,19 +182,7 @@ torch::Tensor q5_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d, 
           for (int b = 0; b < nb; ++b)
             rows_dot<1>(X, m0, mb, wp, dp, b0 + b, out + b * kBlockN, kStride);
       }
-      const int64_t n0 = b0 * kBlockN;
-      const int64_t nv = std::min<int64_t>(nb * kBlockN, N - n0);
-      for (int64_t i = 0; i < M; ++i) {
-        const float* v = res.data() + i * kStride;
-        if (bf16) {
-          auto* yp = y.data_ptr<c10::BFloat16>() + i * N + n0;
-          for (int64_t j = 0; j < nv; ++j) yp[j] = static_cast<c10::BFloat16>(v[j]);
-        } else {  // hi row i plus lo row M + i
-          const float* v2 = res.data() + (M + i) * kStride;
-          float* yp = y.data_ptr<float>() + i * N + n0;
-          for (int64_t j = 0; j < nv; ++j) yp[j] = v[j] + v2[j];
-        }
-      }
+      write_rows(res, M, N, b0, nb, bf16, y);
     }
   });
 #endif
