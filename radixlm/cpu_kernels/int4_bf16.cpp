@@ -21,7 +21,7 @@
 // than M one-row calls. d, m: [blocks, groups, 16] float32. On a CPU with AMX-BF16 (and
 // the OS granting its tile state) the same 4 registers per chunk, stored, are a group's B
 // tile, and one tile product per group and block of 16 channels serves up to 8 rows:
-// 1 row about as fast as the vector loops, 4 rows 2.2x, 8 rows 3x (docs/benchmarks.md,
+// 1 row as fast as the vector loops, 4 rows 1.7x, 8 rows 2.35x (docs/benchmarks.md,
 // "int4 x bf16 on AMX tiles"). Every call of a process takes the same path.
 //
 // Invariants: x [M, K] bf16 or float32 contiguous, K % 32 == 0; y [M, N] in x's dtype,
@@ -169,8 +169,8 @@ void configure_tiles(int mb) {
   _tile_loadconfig(&cfg);
 }
 
-// A group's tile products for NB blocks (B tiles 1.., C tiles 4..: GCC's tile intrinsics
-// take the tile numbers as literals), and their stores.
+// One block's tile product for a group: C tile TC = A (tile 0) x B tile TB, with B loaded
+// from bt (GCC's tile intrinsics take the tile numbers as literals).
 #define RADIXLM_TILE_DP(TB, TC, bt) \
   do {                              \
     _tile_zero(TC);                 \
