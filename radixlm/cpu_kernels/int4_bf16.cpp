@@ -69,6 +69,20 @@ using bf16_rows::Rows;
 using bf16_rows::with_rows;
 using bf16_rows::write_rows;
 
+// Block blk's d and c = m - 128 d for group g (d and m read kPrefetchBytes / 4 ahead:
+// 64 bytes each per 256 bytes of nibbles).
+struct GroupScales {
+  __m512 d, c;
+};
+inline GroupScales group_scales(const float* dp, const float* cp, int64_t blk, int64_t g,
+                                int64_t ng) {
+  const int64_t off = (blk * ng + g) * kBlockN;
+  prefetch_ahead(dp + off, kPrefetchBytes / 4);
+  prefetch_ahead(cp + off, kPrefetchBytes / 4);
+  const __m512 d = _mm512_loadu_ps(dp + off);
+  return {d, _mm512_fnmadd_ps(_mm512_set1_ps(128.f), d, _mm512_loadu_ps(cp + off))};
+}
+
 // NB blocks of 16 channels (starting at block b0) against MB rows (starting at m0);
 // out[i * ostride + nb * 16 + j] for i < MB.
 template <int MB, int NB>
@@ -116,12 +130,7 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float*
       }
     }
     for (int b = 0; b < NB; ++b) {
-      // d and c: 64 bytes each per 256 bytes of nibbles.
-      prefetch_ahead(dp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
-      prefetch_ahead(cp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
-      const __m512 dv = _mm512_loadu_ps(dp + ((b0 + b) * ng + g) * kBlockN);
-      const __m512 cv = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), dv,
-                                         _mm512_loadu_ps(cp + ((b0 + b) * ng + g) * kBlockN));
+      const auto [dv, cv] = group_scales(dp, cp, b0 + b, g, ng);
       for (int i = 0; i < MB; ++i) {
         __m512 a = acc[b][i][0];
         if (AC == 2) a = _mm512_add_ps(a, acc[b][i][AC - 1]);
@@ -224,11 +233,7 @@ void block_dot_amx(const Rows& X, int64_t m0, const uint8_t* wp, const float* dp
     if constexpr (NB > 1) _tile_stored(5, ct[1], 64);
     if constexpr (NB > 2) _tile_stored(6, ct[2], 64);
     for (int b = 0; b < NB; ++b) {
-      prefetch_ahead(dp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
-      prefetch_ahead(cp + ((b0 + b) * ng + g) * kBlockN, kPrefetchBytes / 4);
-      const __m512 dv = _mm512_loadu_ps(dp + ((b0 + b) * ng + g) * kBlockN);
-      const __m512 cv = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), dv,
-                                         _mm512_loadu_ps(cp + ((b0 + b) * ng + g) * kBlockN));
+      const auto [dv, cv] = group_scales(dp, cp, b0 + b, g, ng);
       for (int i = 0; i < MB; ++i) {
         tot[b][i] = _mm512_fmadd_ps(_mm512_load_ps(ct[b] + i * kBlockN), dv, tot[b][i]);
         tot[b][i] = _mm512_fmadd_ps(cv, _mm512_set1_ps(X.s[(m0 + i) * ng + g]), tot[b][i]);
