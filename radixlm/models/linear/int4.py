@@ -4,7 +4,7 @@ Three kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
 * `use_bf16` (the default where the CPU has AVX512-BF16: `int4_bf16_kernel_usable`):
   `cpu_kernels/int4_bf16.cpp`, layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot
-  products, float32 sums);
+  products, float32 sums; on AMX tiles where the CPU has them);
 * `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
   moved the default model's greedy tokens): `cpu_kernels/int4_groups.cpp`, layout
   `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
