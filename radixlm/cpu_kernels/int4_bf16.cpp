@@ -65,6 +65,7 @@ constexpr int kRowBlock = 8;
 #if RADIXLM_INT4_BF16
 
 using bf16_rows::prepare;
+using bf16_rows::kStride;
 using bf16_rows::Rows;
 using bf16_rows::with_rows;
 using bf16_rows::write_rows;
@@ -83,6 +84,21 @@ inline GroupScales group_scales(const float* dp, const float* cp, int64_t blk, i
   return {d, _mm512_fnmadd_ps(_mm512_set1_ps(128.f), d, _mm512_loadu_ps(cp + off))};
 }
 
+// A 64-byte chunk of the layout (read kPrefetchBytes ahead) as its 4 registers of 32 bf16
+// lanes, each nibble q as 128 + q: the operands of 4 vdpbf16ps, or 4 rows of a B tile.
+inline void unpack_chunk(const uint8_t* src, __m512i (&w)[4]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i hi43 = _mm512_set1_epi8(0x43);
+  prefetch_ahead(src);
+  const __m512i p = _mm512_loadu_si512(src);
+  const __m512i lo = _mm512_and_si512(p, low4);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+  w[0] = _mm512_unpacklo_epi8(lo, hi43);
+  w[1] = _mm512_unpackhi_epi8(lo, hi43);
+  w[2] = _mm512_unpacklo_epi8(hi, hi43);
+  w[3] = _mm512_unpackhi_epi8(hi, hi43);
+}
+
 // NB blocks of 16 channels (starting at block b0) against MB rows (starting at m0);
 // out[i * ostride + nb * 16 + j] for i < MB.
 template <int MB, int NB>
@@ -94,8 +110,6 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float*
   // steps' single rows bit for bit; one chain at MB * NB >= 8 moved greedy tokens).
   constexpr int AC = 2;
   const int64_t bstride = K * kBlockN / 2;     // bytes per block of 16 channels
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i hi43 = _mm512_set1_epi8(0x43);
   __m512 tot[NB][MB];
   for (int b = 0; b < NB; ++b)
     for (int i = 0; i < MB; ++i) tot[b][i] = _mm512_setzero_ps();
@@ -110,20 +124,13 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const float*
     for (int ch = 0; ch < 4; ++ch) {
       const int64_t k0 = g * kGroup + 8 * ch;
       for (int b = 0; b < NB; ++b) {
-        prefetch_ahead(wp + (b0 + b) * bstride + k0 * 8);
-        const __m512i p = _mm512_loadu_si512(wp + (b0 + b) * bstride + k0 * 8);
-        const __m512i lo = _mm512_and_si512(p, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-        __m512bh w[4];
-        w[0] = (__m512bh)_mm512_unpacklo_epi8(lo, hi43);
-        w[1] = (__m512bh)_mm512_unpackhi_epi8(lo, hi43);
-        w[2] = (__m512bh)_mm512_unpacklo_epi8(hi, hi43);
-        w[3] = (__m512bh)_mm512_unpackhi_epi8(hi, hi43);
+        __m512i w[4];
+        unpack_chunk(wp + (b0 + b) * bstride + k0 * 8, w);
         for (int i = 0; i < MB; ++i) {
           for (int r = 0; r < 4; ++r) {
             int32_t pair;
             std::memcpy(&pair, xr[i] + k0 + 2 * r, 4);
-            acc[b][i][r % AC] = _mm512_dpbf16_ps(acc[b][i][r % AC], w[r],
+            acc[b][i][r % AC] = _mm512_dpbf16_ps(acc[b][i][r % AC], (__m512bh)w[r],
                                                  (__m512bh)_mm512_set1_epi32(pair));
           }
         }
@@ -199,8 +206,6 @@ void block_dot_amx(const Rows& X, int64_t m0, const uint8_t* wp, const float* dp
                    const float* cp, int64_t b0, float* out, int64_t ostride) {
   const int64_t K = X.K, ng = X.ng;
   const int64_t bstride = K * kBlockN / 2;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i hi43 = _mm512_set1_epi8(0x43);
   alignas(64) uint16_t bt[2][NB][16 * 32];  // double-buffered B tiles
   alignas(64) float ct[NB][MB * kBlockN];
   __m512 tot[NB][MB];
@@ -210,15 +215,9 @@ void block_dot_amx(const Rows& X, int64_t m0, const uint8_t* wp, const float* dp
     for (int b = 0; b < NB; ++b) {
       const uint8_t* gp = wp + (b0 + b) * bstride + g * 256;
       for (int ch = 0; ch < 4; ++ch) {
-        prefetch_ahead(gp + 64 * ch);
-        const __m512i p = _mm512_loadu_si512(gp + 64 * ch);
-        const __m512i lo = _mm512_and_si512(p, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-        uint16_t* row = dst[b] + 32 * 4 * ch;
-        _mm512_store_si512(row, _mm512_unpacklo_epi8(lo, hi43));
-        _mm512_store_si512(row + 32, _mm512_unpackhi_epi8(lo, hi43));
-        _mm512_store_si512(row + 64, _mm512_unpacklo_epi8(hi, hi43));
-        _mm512_store_si512(row + 96, _mm512_unpackhi_epi8(hi, hi43));
+        __m512i w[4];
+        unpack_chunk(gp + 64 * ch, w);
+        for (int r = 0; r < 4; ++r) _mm512_store_si512(dst[b] + 32 * (4 * ch + r), w[r]);
       }
     }
   };
@@ -311,37 +310,26 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
                      : (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
   const int64_t units = (nblocks + NB - 1) / NB;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    // res [R, 64]: row r's results for the unit's (up to) 4 blocks.
-    std::vector<float> res(R * 4 * kBlockN);
-    constexpr int64_t kStride = 4 * kBlockN;
-#if RADIXLM_INT4_AMX
-    if (amx) {
-      int configured = 0;
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t b0 = u * NB;
-        const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
-        for (int64_t m0 = 0; m0 < R; m0 += kRowBlock) {
-          const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, R - m0));
-          if (mb != configured) configure_tiles(configured = mb);
-          float* out = res.data() + m0 * kStride;
-          if (nb == 3)
-            rows_dot_amx<3>(X, m0, mb, wp, dp, cp, b0, out, kStride);
-          else
-            for (int b = 0; b < nb; ++b)
-              rows_dot_amx<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
-        }
-        write_rows(res, M, N, b0, nb, bf16, y);
-      }
-      _tile_release();
-      return;
-    }
-#endif
+    // res [R, kStride]: row r's results for the unit's (up to) 4 blocks.
+    std::vector<float> res(R * kStride);
+    [[maybe_unused]] int configured = 0;  // the rows the tiles are configured for (AMX)
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b0 = u * NB;
       const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
       for (int64_t m0 = 0; m0 < R; m0 += kRowBlock) {
         const int64_t mb = std::min<int64_t>(kRowBlock, R - m0);
         float* out = res.data() + m0 * kStride;
+#if RADIXLM_INT4_AMX
+        if (amx) {
+          if (mb != configured) configure_tiles(configured = static_cast<int>(mb));
+          if (nb == 3)
+            rows_dot_amx<3>(X, m0, mb, wp, dp, cp, b0, out, kStride);
+          else
+            for (int b = 0; b < nb; ++b)
+              rows_dot_amx<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
+          continue;
+        }
+#endif
         if (nb == 4)
           rows_dot<4>(X, m0, mb, wp, dp, cp, b0, out, kStride);
         else if (nb == 2)
@@ -352,6 +340,9 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
       }
       write_rows(res, M, N, b0, nb, bf16, y);
     }
+#if RADIXLM_INT4_AMX
+    if (amx) _tile_release();
+#endif
   });
 #endif
   return y;

@@ -50,6 +50,7 @@ constexpr int64_t kGroupBytes = 320;  // 256 nibble bytes + 4 x 16 mask bytes
 #if RADIXLM_Q5_BF16
 
 using bf16_rows::prepare;
+using bf16_rows::kStride;
 using bf16_rows::Rows;
 using bf16_rows::with_rows;
 using bf16_rows::write_rows;
@@ -165,9 +166,8 @@ torch::Tensor q5_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d, 
   const int NB = (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
   const int64_t units = (nblocks + NB - 1) / NB;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    // res [R, 64]: row r's results for the unit's (up to) 4 blocks.
-    std::vector<float> res(R * 4 * kBlockN);
-    constexpr int64_t kStride = 4 * kBlockN;
+    // res [R, kStride]: row r's results for the unit's (up to) 4 blocks.
+    std::vector<float> res(R * kStride);
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b0 = u * NB;
       const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));

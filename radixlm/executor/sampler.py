@@ -48,6 +48,7 @@ class SamplingBatchInfo:
     # with the batch, so on CUDA it is uploaded at launch with the other inputs instead of
     # a synchronizing host->device copy on the forward thread.
     sample_rows: torch.Tensor
+    drawing: list[int]  # the same indices as a list (generators, warnings)
     # [S] per drawing row, for the CPU sampling kernel (built with the batch, like
     # sample_rows: no per-step indexing): 1 / temperature, top_k, top_p, min_p.
     sample_params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -98,6 +99,7 @@ class SamplingBatchInfo:
             min_ps=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
             greedy=greedy,
             sample_rows=torch.tensor(drawing, dtype=torch.int64, device=device),
+            drawing=drawing,
             sample_params=(
                 (1.0 / temperatures[drawing]).flatten(),
                 torch.tensor([top_ks[i] for i in drawing], dtype=torch.int64, device=device),
@@ -117,8 +119,8 @@ class SamplingBatchInfo:
         )
         if deterministic:
             info.uniforms = torch.tensor(
-                [deterministic_uniform(info.seeds[i], info.positions[i])
-                 for i, g in enumerate(greedy) if not g], dtype=torch.float64, device=device)
+                [deterministic_uniform(info.seeds[i], info.positions[i]) for i in drawing],
+                dtype=torch.float64, device=device)
         biased = [i for i, p in enumerate(ps) if p.logit_bias]
         if biased:
             b_rows = [i for i in biased for _ in ps[i].logit_bias]
@@ -221,7 +223,7 @@ class Sampler:
         kernel = sampling_kernel() if logits.is_cpu else None
         if kernel is not None:
             logits = logits.contiguous()
-        sample_rows = [i for i, g in enumerate(info.greedy) if not g]
+        sample_rows = info.drawing
         if len(sample_rows) < len(info.greedy):  # an argmax over V only where a row needs it
             next_ids = (kernel.argmax_rows(logits) if kernel is not None
                         else torch.argmax(logits, dim=-1))
