@@ -76,7 +76,8 @@ class ServerArgs:
         ["auto", "none", "int8", "w8a8_int8"])
     disable_weight_prepack: bool = _opt(
         False, "Run dense linear layers through F.linear instead of weights prepacked once "
-        "for oneDNN (CPU; for comparisons: prepacked is faster).")
+        "(CPU: for radixlm's AMX tile kernel on bf16 where the CPU has AMX, else for oneDNN; "
+        "for comparisons: prepacked is faster).")
     int4_int8_activations: bool = _opt(
         False, "With --quantization auto: int4 decode calls on radixlm's own C++ kernel, "
         "activations quantized to int8 per group of 32 as llama.cpp does (~1.3x faster at "

@@ -7,7 +7,10 @@ gives others as LinearPolicy("auto") fields, e.g. the int8-group row limit:
 
     PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_q5_decode_ab.py \
         [--steps 64] [--threads 1] [--batch 4] \
-        [--policy int8_groups_max_m=8 --policy int8_groups_max_m=4]
+        [--policy int8_groups_max_m=8 --policy int8_groups_max_m=4] [--prefill-len 1024]
+
+`--prefill-len N` also times prefills of N tokens (one request each, `--prefill-reps`
+per policy, interleaved), e.g. `--policy amx_tiles=True --policy amx_tiles=False`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--model", help="a GGUF (default: Gemma 3 270M Q4_K_M)")
+    ap.add_argument("--prefill-len", type=int, default=0,
+                    help="also time prefills of this many tokens (one request, interleaved)")
+    ap.add_argument("--prefill-reps", type=int, default=5)
     ap.add_argument("--policy", action="append", default=[],
                     help="FIELD=VALUE[,FIELD=VALUE]: a LinearPolicy('auto') variant")
     args = ap.parse_args()
@@ -56,8 +62,11 @@ def main() -> None:
         model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)
         mb = sum(m.bytes_read(args.batch) for m in top_level_methods(model)) / 1e6
         per = args.prompt_len + args.steps + 8
-        h = PoolHarness(model, cfg, max_requests=args.batch, max_context=per,
-                        num_slots=args.batch * per + 8, kv_dtype=torch.bfloat16)
+        extra = args.prefill_reps if args.prefill_len else 0
+        h = PoolHarness(model, cfg, max_requests=args.batch + extra,
+                        max_context=max(per, args.prefill_len),
+                        num_slots=args.batch * per + extra * args.prefill_len + 8,
+                        kv_dtype=torch.bfloat16)
         rows = [h.new_request() for _ in range(args.batch)]
         with torch.inference_mode():
             for b, row in enumerate(rows):
@@ -70,6 +79,21 @@ def main() -> None:
                 t0 = time.perf_counter()
                 h.decode(rows, [100 + step] * len(rows))
                 times.append((time.perf_counter() - t0) * 1e3)
+    prefill = {name: [] for name in runs}
+    with torch.inference_mode():
+        for rep in range(args.prefill_reps if args.prefill_len else 0):
+            for name, (h, _, _, _) in runs.items():
+                prompt = [2] + [(11 * i + rep) % 5000 + 100 for i in range(args.prefill_len - 1)]
+                row = h.new_request()
+                t0 = time.perf_counter()
+                h.extend([row], [prompt])
+                prefill[name].append(time.perf_counter() - t0)
+    for name, times in prefill.items():
+        if times:
+            print(f"{name:24s} prefill of {args.prefill_len} tokens: median "
+                  f"{statistics.median(times) * 1e3:8.1f} ms "
+                  f"({args.prefill_len / statistics.median(times):7.1f} tok/s), "
+                  f"min {min(times) * 1e3:8.1f} ms")
     for name, (_, _, mb, times) in runs.items():
         print(f"{name:24s} weights read/step {mb:7.2f} MB  step ms median {statistics.median(times):7.2f}"
               f"  p25 {statistics.quantiles(times, n=4)[0]:7.2f}  min {min(times):7.2f}")

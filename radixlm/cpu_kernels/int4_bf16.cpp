@@ -52,8 +52,7 @@
 #endif
 #endif
 #if RADIXLM_INT4_AMX
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 #endif
 
 namespace {
@@ -157,32 +156,13 @@ void rows_dot(const Rows& X, int64_t m0, int64_t mb, const uint8_t* wp, const fl
 }
 
 #if RADIXLM_INT4_AMX
-// Linux hands a process AMX's tile state only when asked (once; false: no AMX path).
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using amx_tiles::amx_permitted;
 
 // Tile 0: A, mb (<= 8) rows of x x one group's 32 bf16 columns; 1..3: B, one block's group
 // (16 column pairs x 16 channels x 2); 4..6: C, mb rows x 16 channels float32.
 void configure_tiles(int mb) {
-  TileConfig cfg;
-  cfg.rows[0] = static_cast<uint8_t>(mb);
-  cfg.colsb[0] = 64;
-  for (int t = 1; t <= 6; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(t <= 3 ? 16 : mb);
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  const int rows[7] = {mb, 16, 16, 16, mb, mb, mb};
+  amx_tiles::configure(rows, 7);
 }
 
 // One block's tile product for a group: C tile TC = A (tile 0) x B tile TB, with B loaded

@@ -172,6 +172,7 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
 
     from radixlm.models.gguf_loader import open_gguf, unpermute_qk
     from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
+    from radixlm.models.linear.bf16_tiles import TiledBf16Linear
     from radixlm.models.linear.int8_groups import Int8GroupwiseLinear
     from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M
 
@@ -183,7 +184,8 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     # The tied Q8_0 head: its int8 groups for calls of up to 8 rows over a prepacked dense
     # head; the embedding reads the int8 rows (no dense table of its own).
     head = model.logits_method
-    assert isinstance(head, Int8GroupwiseLinear) and isinstance(head.fallback, PrepackedLinear)
+    assert isinstance(head, Int8GroupwiseLinear)
+    assert isinstance(head.fallback, (PrepackedLinear, TiledBf16Linear))  # (AMX: tiles)
     assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 8
     assert model.model.embed_tokens.rows_method is head
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}

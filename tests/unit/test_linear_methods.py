@@ -23,13 +23,16 @@ from radixlm.models.linear import (DenseLinear, Int4Groups, Int4GroupwiseLinear,
 from radixlm.models.linear.method import onednn_prepack_available
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, even_shard
+from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_kernel
 from tests.tp_harness import child_setup, spawn_ranks
 
 MS = (1, 7, 64)
 CPU = torch.device("cpu")
 # oneDNN has bf16 GEMMs only on AVX-512/AMX CPUs; elsewhere the dense method is F.linear.
 BF16_PREPACK = onednn_prepack_available(torch.bfloat16, CPU)
-BF16_DENSE = PrepackedLinear if BF16_PREPACK else DenseLinear
+# On AMX CPUs the bf16 dense method is radixlm's tile kernel (models/linear/bf16_tiles.py).
+BF16_DENSE = (TiledBf16Linear if bf16_tiles_kernel() is not None
+              else PrepackedLinear if BF16_PREPACK else DenseLinear)
 
 
 def dense_bf16(w: torch.Tensor) -> LinearMethod:
@@ -87,6 +90,8 @@ def test_dense_methods_match_f_linear(m: int, dtype: torch.dtype) -> None:
     methods = [DenseLinear(w), DenseLinear(w, BatchInvariantOps(row_tile=8).linear)]
     if onednn_prepack_available(dtype, CPU):
         methods.append(PrepackedLinear(w))
+    if dtype == torch.bfloat16 and bf16_tiles_kernel() is not None:
+        methods.append(TiledBf16Linear(w))
     for method in methods:
         y = method(x, b)
         assert y.dtype == dtype and y.shape == (m, 96)

@@ -8,7 +8,7 @@
                                           fallback; a large LM head: `make_head_method`)
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
     --quantization w8a8_int8, CPU         -> W8A8Int8Linear (oneDNN int8 x int8, every call)
-    otherwise, CPU float32/bfloat16       -> PrepackedLinear (oneDNN)
+    otherwise, CPU float32/bfloat16       -> TiledBf16Linear (bf16, AMX) or PrepackedLinear
     otherwise                             -> DenseLinear (F.linear)
 
 The int4/5-bit/int8 kernels are CPU kernels on bf16 activations (CUDA, float32 runs: dense
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit
 from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
                                         int4_blocks_kernel, int4_kernel_fits,
                                         int4_kernel_runs_on)
@@ -65,6 +66,12 @@ class LinearPolicy:
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
+    # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
+    # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: 1.25x /
+    # 1.31x faster decode steps of 16 / 32 rows on the default model, prefill of 1024
+    # tokens 0.95x (models/linear/bf16_tiles.py; docs/benchmarks.md, "bf16 GEMMs on AMX
+    # tiles").
+    amx_tiles: bool = True
     # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
     # groups (1.125), for calls of up to small_batch_max_m rows (fewer than int8 groups'
     # int8_groups_max_m, so it caps a Gemma verify at 4 rows). Its per-row cost is bf16 dot
@@ -107,6 +114,8 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
     device, dtype = weight.device, weight.dtype
 
     def dense(w: torch.Tensor) -> LinearMethod:
+        if policy.prepack and policy.amx_tiles and bf16_tiles_fit(w):
+            return TiledBf16Linear(w)
         if policy.prepack and onednn_prepack_available(dtype, device):
             return PrepackedLinear(w)
         return DenseLinear(w)

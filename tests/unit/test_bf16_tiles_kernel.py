@@ -1,0 +1,124 @@
+"""The bf16_tiles C++ kernel (cpu_kernels/bf16_tiles.cpp) and TiledBf16Linear
+(models/linear/bf16_tiles.py): x @ W.T for a bf16 weight on AMX tiles.
+
+Against a float64 reference of the same bf16 values: float32 summation only (each output
+one float32 sum of exact bf16 products), plus the bf16 rounding of the output. A row's
+result does not depend on the call's row count (decode batches of any size, prefill
+chunks across the kernel's 32-row passes and 256-row chunks). Runs where the CPU has
+AMX-BF16 (skipped elsewhere: PrepackedLinear stays the dense method there)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.models.linear.bf16_tiles import (TiledBf16Linear, bf16_tiles_fit, bf16_tiles_kernel,
+                                              pack_tiles, unpack_tiles)
+
+kernel = bf16_tiles_kernel()
+needs_kernel = pytest.mark.skipif(kernel is None, reason="bf16_tiles needs AMX-BF16 tiles")
+
+
+@pytest.mark.parametrize("n,k", [(16, 32), (40, 96), (33, 224), (7, 576)])
+def test_pack_round_trip(n: int, k: int) -> None:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)).bfloat16()
+    t = pack_tiles(w)
+    assert t.shape == (-(-n // 16), k // 32, 16, 32) and t.dtype == torch.bfloat16
+    assert torch.equal(unpack_tiles(t, n), w)
+    padded = unpack_tiles(t, t.shape[0] * 16)
+    assert not padded[n:].any()  # the last block's missing channels are zeros
+
+
+def test_pack_layout() -> None:
+    """Tile (b, g), row r, lane 2 j + e = W[16 b + j, 32 g + 2 r + e]."""
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    w[16 + 5, 32 + 2 * 7 + 1] = 3.0
+    t = pack_tiles(w)
+    assert t[1, 1, 7, 2 * 5 + 1] == 3.0 and int((t != 0).sum()) == 1
+
+
+def _check(m: int, n: int, k: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = (torch.randn(m, k, generator=g) * 2).bfloat16()
+    y = kernel.bf16_tiles_matmul(x, pack_tiles(w), n)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    ref = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    err = (y.double() - ref).abs()
+    assert (err <= 1e-6 * scale + 2.0 ** -8 * ref.abs() + 1e-30).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 100, 257, 300])
+@pytest.mark.parametrize("n,k", [(40, 96), (33, 224), (64, 576), (100, 1536)])
+def test_matmul_against_reference(m: int, n: int, k: int) -> None:
+    _check(m, n, k, seed=m * 1000 + n + k)
+
+
+@needs_kernel
+def test_rows_equal_single_row_calls_bit_for_bit() -> None:
+    """Each row of a call of any row count gets what a one-row call gives it."""
+    g = torch.Generator().manual_seed(5)
+    n, k = 72, 256
+    w = pack_tiles(torch.randn(n, k, generator=g).bfloat16())
+    # A wide exponent range, so that float32 sums round and their order would show.
+    scale = torch.exp2(torch.randint(-12, 13, (300, k), generator=g).float())
+    x = (torch.randn(300, k, generator=g) * scale).bfloat16()
+    one = torch.cat([kernel.bf16_tiles_matmul(x[i:i + 1].contiguous(), w, n)
+                     for i in range(300)])
+    for m in (2, 9, 16, 17, 32, 33, 70, 256, 257, 300):
+        assert torch.equal(kernel.bf16_tiles_matmul(x[:m].contiguous(), w, n), one[:m]), m
+
+
+@needs_kernel
+def test_refuses_what_it_cannot_compute() -> None:
+    w = pack_tiles(torch.randn(16, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16 contiguous"):
+        kernel.bf16_tiles_matmul(torch.randn(2, 64), w, 16)
+    with pytest.raises(RuntimeError, match="w \\["):
+        kernel.bf16_tiles_matmul(torch.randn(2, 64).bfloat16(), w, 40)
+    assert kernel.bf16_tiles_matmul(torch.randn(0, 64).bfloat16(), w, 16).shape == (0, 16)
+
+
+@needs_kernel
+def test_linear_method() -> None:
+    """Bias, leading dimensions, float32 and strided x; the weight given back exactly."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(50, 96, generator=g).bfloat16()
+    bias = torch.randn(50, generator=g).bfloat16()
+    lin = TiledBf16Linear(w)
+    assert torch.equal(lin.dequantized_weight(), w)
+    assert lin.own_bytes() == 64 * 96 * 2 and lin.format == "dense bfloat16 (AMX tiles)"
+    x = torch.randn(2, 3, 96, generator=g).bfloat16()
+    y = lin(x, bias)
+    assert y.shape == (2, 3, 50)
+    ref = (x.reshape(-1, 96).double() @ w.double().T).reshape(2, 3, 50) + bias.double()
+    assert ((y.double() - ref).abs() <= 2.0 ** -7 * ref.abs() + 1e-2).all()
+    xt = torch.randn(96, 4, generator=g).bfloat16().t()  # not contiguous
+    assert torch.equal(lin(xt), lin(xt.contiguous()))
+    xf = torch.randn(4, 96, generator=g)
+    yf = lin(xf)
+    assert yf.dtype == torch.float32 and torch.equal(yf, lin(xf.bfloat16()).float())
+
+
+@needs_kernel
+def test_traces_under_torch_compile_as_the_custom_op() -> None:
+    lin = TiledBf16Linear(torch.randn(48, 64).bfloat16())
+    x = torch.randn(5, 64).bfloat16()
+    torch._dynamo.reset()
+    compiled = torch.compile(lin, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), lin(x))
+
+
+def test_policy_picks_tiles_only_where_they_fit() -> None:
+    from radixlm.models.linear import LinearPolicy, PrepackedLinear
+    from radixlm.models.linear.policy import make_linear_method
+
+    w = torch.randn(32, 64).bfloat16()
+    method = make_linear_method(w, None, LinearPolicy())
+    assert isinstance(method, TiledBf16Linear if kernel is not None else PrepackedLinear)
+    assert isinstance(make_linear_method(w, None, LinearPolicy(amx_tiles=False)),
+                      PrepackedLinear)
+    assert not bf16_tiles_fit(torch.randn(32, 64))              # float32 run: oneDNN
+    assert not bf16_tiles_fit(torch.randn(32, 48).bfloat16())   # K not whole groups
