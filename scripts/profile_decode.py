@@ -23,10 +23,12 @@ import tempfile
 # First match (in this order) of a substring anywhere in the stack names the category.
 CATEGORIES = [
     ("LM head GEMM, final norm", ("parallel_logits",)),
-    ("int4 GEMM (aten int4pack)", ("Int4GroupwiseLinear.small", "int4pack_mm")),
+    ("int4 GEMM (int4_bf16 kernel or aten int4pack)", ("Int4GroupwiseLinear.small",
+                                                       "int4pack_mm")),
     ("int8 GEMM (aten int8pack)", ("Int8WeightOnlyLinear", "int8pack_mm")),
     ("int8-group kernel (GGUF Q8_0/Q5_0/Q6_K)", ("Int8GroupwiseLinear",)),
     ("5-bit group kernel (q5_bf16)", ("Q5GroupwiseLinear",)),
+    ("bf16 GEMM on AMX tiles", ("TiledBf16Linear.forward", "bf16_tiles_matmul")),
     ("oneDNN GEMM (prepacked bf16/f32)", ("PrepackedLinear.forward", "_linear_pointwise")),
     ("dense GEMM (F.linear)", ("DenseLinear.forward",)),
     ("C++ decode attention", ("paged_decode_attention",)),
