@@ -48,8 +48,8 @@ void configure_unit(int r0, int r1) {
 }
 
 // The full 2 x 2 pass over every group: 32 rows x 2 blocks. Software-pipelined: each
-// operand tile is reloaded for the next group right after its last product of this one
-// (tiles are not renamed: a load waits for the products that read its tile).
+// operand tile is reloaded for the next group right after this group's last product
+// that reads it (at 1024 rows 1-17% faster than the four loads first).
 inline void pass_2x2(const uint16_t* xa, int64_t K, const uint16_t* w0, const uint16_t* w1,
                      bool prefetch) {
   const int64_t ng = K / kGroup;
