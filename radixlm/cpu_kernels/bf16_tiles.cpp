@@ -12,7 +12,8 @@
 //
 // Invariants: x [M, K] bf16 contiguous, K % 32 == 0; w [ceil(N / 16), K / 32, 16, 32]
 // bf16 (the last block's missing channels zero); y [M, N] bf16, each output's float32
-// sum rounded once (round-to-nearest-even); a row's result is the same whatever M.
+// sum (plus the bias, when given) rounded once (round-to-nearest-even), as oneDNN's
+// fused bias does; a row's result is the same whatever M.
 // Built only where the compiler targets AMX-BF16; bf16_tiles_path() says whether the OS
 // grants the tile state (0: callers keep oneDNN).
 #include "torch_api.h"
@@ -138,17 +139,23 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w, int64_
   }
 }
 
-// Rows [m0, m0 + R) of res (a unit's blocks b0..) into y [M, N] as bf16.
-void write_unit(const float* res, int64_t R, int64_t N, int64_t b0, int nb, uint16_t* y) {
+// R rows of res (a unit's blocks b0..) plus the bias (float32 [N], or null) into y [R, N]
+// as bf16: one rounding of each output.
+void write_unit(const float* res, int64_t R, int64_t N, int64_t b0, int nb, const float* bias,
+                uint16_t* y) {
   const int64_t n0 = b0 * kBlockN, nv = std::min<int64_t>(nb * kBlockN, N - n0);
+  const __m512 b_lo = bias && nv == 2 * kBlockN ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+  const __m512 b_hi =
+      bias && nv == 2 * kBlockN ? _mm512_loadu_ps(bias + n0 + kBlockN) : _mm512_setzero_ps();
   for (int64_t i = 0; i < R; ++i) {
     const float* v = res + i * kResStride;
     uint16_t* yp = y + i * N + n0;
     if (nv == 2 * kBlockN) {
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + kBlockN), _mm512_loadu_ps(v));
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_add_ps(_mm512_loadu_ps(v + kBlockN), b_hi),
+                                             _mm512_add_ps(_mm512_loadu_ps(v), b_lo));
       _mm512_storeu_si512(yp, (__m512i)h);
     } else {
-      for (int64_t j = 0; j < nv; ++j) yp[j] = c10::BFloat16(v[j]).x;
+      for (int64_t j = 0; j < nv; ++j) yp[j] = c10::BFloat16(v[j] + (bias ? bias[n0 + j] : 0.f)).x;
     }
   }
 }
@@ -165,7 +172,8 @@ int64_t bf16_tiles_path() {
 #endif
 }
 
-torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N) {
+torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
+                                c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(bf16_tiles_path() == 1, "bf16_tiles_matmul: no AMX-BF16 tiles here");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
               "bf16_tiles_matmul: x [M, K] bfloat16 contiguous");
@@ -175,9 +183,13 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N) {
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
                   w.numel() == nblocks * K * kBlockN,
               "bf16_tiles_matmul: w [ceil(N / 16), K / 32, 16, 32] bfloat16 contiguous");
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N),
+              "bf16_tiles_matmul: bias [N]");
   auto y = torch::empty({M, N}, x.options());
 #if RADIXLM_BF16_TILES
   if (M == 0 || N == 0) return y;
+  const torch::Tensor bias_f = bias ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
+  const float* bp = bias ? bias_f.data_ptr<float>() : nullptr;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
@@ -194,7 +206,7 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N) {
           unit_dot<2>(xp + c0 * K, rows, K, wp, b0, res.data(), c0 == 0, configured);
         else
           unit_dot<1>(xp + c0 * K, rows, K, wp, b0, res.data(), c0 == 0, configured);
-        write_unit(res.data(), rows, N, b0, nb, yp + c0 * N);
+        write_unit(res.data(), rows, N, b0, nb, bp, yp + c0 * N);
       }
     }
     _tile_release();
@@ -205,6 +217,8 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("bf16_tiles_matmul", &bf16_tiles_matmul,
-        "x [M, K] bf16 @ W.T -> [M, N] bf16, W packed as AMX B tiles (see the source).");
+        "x [M, K] bf16 @ W.T (+ bias [N]) -> [M, N] bf16, W packed as AMX B tiles (see the "
+        "source).",
+        py::arg("x"), py::arg("w"), py::arg("n"), py::arg("bias") = py::none());
   mod.def("bf16_tiles_path", &bf16_tiles_path, "1: AMX-BF16 tiles usable here, 0: not.");
 }

@@ -82,6 +82,24 @@ def test_refuses_what_it_cannot_compute() -> None:
 
 
 @needs_kernel
+def test_bias_is_added_before_the_one_rounding() -> None:
+    """y = bf16(x . w + b) in float32: what oneDNN's fused bias gives (a bias added to the
+    rounded bf16 output would round twice: qwen2's q|k|v biases moved logits 4x)."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(48, 64, generator=g).bfloat16()
+    b = (torch.randn(48, generator=g) * 3).bfloat16()
+    x = torch.randn(37, 64, generator=g).bfloat16()
+    y = kernel.bf16_tiles_matmul(x, pack_tiles(w), 48, b)
+    plain = kernel.bf16_tiles_matmul(x, pack_tiles(w), 48)
+    ref = x.double() @ w.double().T + b.double()
+    assert ((y.double() - ref).abs() <= 1e-6 * (x.double().abs() @ w.double().abs().T)
+            + 2.0 ** -8 * ref.abs() + 1e-30).all()
+    assert not torch.equal(y, (plain + b))  # (the double rounding does differ here)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernel.bf16_tiles_matmul(x, pack_tiles(w), 48, torch.zeros(47))
+
+
+@needs_kernel
 def test_linear_method() -> None:
     """Bias, leading dimensions, float32 and strided x; the weight given back exactly."""
     g = torch.Generator().manual_seed(3)

@@ -8,7 +8,8 @@ from memory, 1.5-1.6x faster than oneDNN at 16-64 rows, 1.1x at 256, 0.8x at 102
 (oneDNN blocks large products better; docs/benchmarks.md, "bf16 GEMMs on AMX tiles").
 
 Invariants: `tiles` [ceil(out / 16), in / 32, 16, 32] bf16 is the only copy of the
-weight (the last block's missing rows zero); x of any float dtype is computed in bf16 and
+weight (the last block's missing rows zero); the bias is added in float32 before the one
+rounding to bf16 (as oneDNN's fused bias); x of any float dtype is computed in bf16 and
 the result returned in x's dtype; a row's result does not depend on the call's rows.
 """
 
@@ -59,13 +60,14 @@ def unpack_tiles(tiles: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @torch.library.custom_op("radixlm::bf16_tiles_matmul", mutates_args=(), device_types="cpu")
-def bf16_tiles_matmul(x: torch.Tensor, tiles: torch.Tensor, n: int) -> torch.Tensor:
+def bf16_tiles_matmul(x: torch.Tensor, tiles: torch.Tensor, n: int,
+                      bias: torch.Tensor | None) -> torch.Tensor:
     """The bf16_tiles kernel as an op compiled decode graphs can hold."""
-    return bf16_tiles_kernel().bf16_tiles_matmul(x, tiles, n)
+    return bf16_tiles_kernel().bf16_tiles_matmul(x, tiles, n, bias)
 
 
 @bf16_tiles_matmul.register_fake
-def _(x, tiles, n):
+def _(x, tiles, n, bias):
     return x.new_empty(x.shape[0], n)
 
 
@@ -87,13 +89,11 @@ class TiledBf16Linear(LinearMethod):
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         if torch.compiler.is_compiling():
-            y = torch.ops.radixlm.bf16_tiles_matmul(x2, self.tiles, self.out_features)
+            y = torch.ops.radixlm.bf16_tiles_matmul(x2, self.tiles, self.out_features, bias)
         else:
-            y = self._kernel.bf16_tiles_matmul(x2, self.tiles, self.out_features)
+            y = self._kernel.bf16_tiles_matmul(x2, self.tiles, self.out_features, bias)
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
-        if bias is not None:
-            y = y + bias
         return y.reshape(*lead, self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -67,10 +67,10 @@ class LinearPolicy:
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
-    # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: 1.25x /
-    # 1.31x faster decode steps of 16 / 32 rows on the default model, prefill of 1024
-    # tokens 0.95x (models/linear/bf16_tiles.py; docs/benchmarks.md, "bf16 GEMMs on AMX
-    # tiles").
+    # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: decode
+    # steps of 16 / 32 rows 1.26x faster on the default model and Gemma 3, prefill of
+    # 1024 tokens 0.93-0.95x (models/linear/bf16_tiles.py; docs/benchmarks.md, "bf16
+    # GEMMs on AMX tiles").
     amx_tiles: bool = True
     # 5-bit groups (GGUF Q5_0) on the q5_bf16 kernel (0.69 B/weight) rather than as int8
     # groups (1.125), for calls of up to small_batch_max_m rows (fewer than int8 groups'
