@@ -99,9 +99,11 @@ def test_stop_string_cut_the_same_way(server: str) -> None:
 def test_chat_n2_streamed_equals_unstreamed(server: str) -> None:
     body = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 14,
             "n": 2, "temperature": 0.9, "seed": 11}
+    flush(server)  # (both requests prefill the whole prompt: see flush)
     want = {c["index"]: c for c in unary(server, "/v1/chat/completions", body)["choices"]}
     text = {0: "", 1: ""}
     finish = {}
+    flush(server)
     for e in sse(server, "/v1/chat/completions", body):
         for c in e["choices"]:
             text[c["index"]] += c["delta"].get("content") or ""

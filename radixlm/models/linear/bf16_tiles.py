@@ -4,7 +4,7 @@ grants the tile state.
 
 It computes what oneDNN's prepacked bf16 GEMM computes (float32 sums of exact bf16
 products) but streams the weight with software prefetch: per SmolLM2 layer, weights read
-from memory, 1.5-1.6x faster than oneDNN at 16-64 rows, 1.1x at 256, 0.8x at 1024
+from memory, 1.4-1.6x faster than oneDNN at 1-64 rows, 1.1x at 256, 0.87-0.95x at 1024
 (oneDNN blocks large products better; docs/benchmarks.md, "bf16 GEMMs on AMX tiles").
 
 Invariants: `tiles` [ceil(out / 16), in / 32, 16, 32] bf16 is the only copy of the
