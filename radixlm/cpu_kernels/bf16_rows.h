@@ -79,6 +79,29 @@ inline void write_rows(const std::vector<float>& res, int64_t M, int64_t N, int6
   }
 }
 
+// Blocks per unit for the vector loops: enough independent dot-product chains (vdpbf16ps
+// has a latency of several cycles) when there are few rows.
+inline int loop_blocks(int64_t R, int64_t nblocks) {
+  return (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
+}
+
+// A thread's units [begin, end) of NB blocks each: per unit, row_block(b0, nb, m0, mb, out)
+// for each block of up to row_block_rows rows (out: its rows in the unit's results
+// res [R, kStride]), then the unit's results written into y.
+template <typename F>
+inline void run_units(int64_t begin, int64_t end, int NB, int64_t nblocks, int64_t R,
+                      int64_t row_block_rows, int64_t M, int64_t N, bool bf16, torch::Tensor& y,
+                      F&& row_block) {
+  std::vector<float> res(R * kStride);
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t b0 = u * NB;
+    const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
+    for (int64_t m0 = 0; m0 < R; m0 += row_block_rows)
+      row_block(b0, nb, m0, std::min<int64_t>(row_block_rows, R - m0), res.data() + m0 * kStride);
+    write_rows(res, M, N, b0, nb, bf16, y);
+  }
+}
+
 // f(std::integral_constant<int, mb>{}) for mb in 1..8: a row count as a template argument.
 template <typename F>
 inline void with_rows(int64_t mb, F&& f) {

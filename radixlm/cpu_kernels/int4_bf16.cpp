@@ -284,42 +284,32 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
 #else
   constexpr bool amx = false;
 #endif
-  // Blocks at a time: enough independent dot-product chains (vdpbf16ps has a latency
-  // of several cycles) when there are few rows; on AMX, 3 tile products in flight.
-  const int NB = amx ? (nblocks >= 3 ? 3 : 1)
-                     : (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
+  // Blocks at a time: on AMX, 3 tile products in flight; else bf16_rows::loop_blocks.
+  const int NB = amx ? (nblocks >= 3 ? 3 : 1) : bf16_rows::loop_blocks(R, nblocks);
   const int64_t units = (nblocks + NB - 1) / NB;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    // res [R, kStride]: row r's results for the unit's (up to) 4 blocks.
-    std::vector<float> res(R * kStride);
     [[maybe_unused]] int configured = 0;  // the rows the tiles are configured for (AMX)
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t b0 = u * NB;
-      const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
-      for (int64_t m0 = 0; m0 < R; m0 += kRowBlock) {
-        const int64_t mb = std::min<int64_t>(kRowBlock, R - m0);
-        float* out = res.data() + m0 * kStride;
+    bf16_rows::run_units(begin, end, NB, nblocks, R, kRowBlock, M, N, bf16, y,
+                         [&](int64_t b0, int nb, int64_t m0, int64_t mb, float* out) {
 #if RADIXLM_INT4_AMX
-        if (amx) {
-          if (mb != configured) configure_tiles(configured = static_cast<int>(mb));
-          if (nb == 3)
-            rows_dot_amx<3>(X, m0, mb, wp, dp, cp, b0, out, kStride);
-          else
-            for (int b = 0; b < nb; ++b)
-              rows_dot_amx<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
-          continue;
-        }
-#endif
-        if (nb == 4)
-          rows_dot<4>(X, m0, mb, wp, dp, cp, b0, out, kStride);
-        else if (nb == 2)
-          rows_dot<2>(X, m0, mb, wp, dp, cp, b0, out, kStride);
+      if (amx) {
+        if (mb != configured) configure_tiles(configured = static_cast<int>(mb));
+        if (nb == 3)
+          rows_dot_amx<3>(X, m0, mb, wp, dp, cp, b0, out, kStride);
         else
           for (int b = 0; b < nb; ++b)
-            rows_dot<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
+            rows_dot_amx<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
+        return;
       }
-      write_rows(res, M, N, b0, nb, bf16, y);
-    }
+#endif
+      if (nb == 4)
+        rows_dot<4>(X, m0, mb, wp, dp, cp, b0, out, kStride);
+      else if (nb == 2)
+        rows_dot<2>(X, m0, mb, wp, dp, cp, b0, out, kStride);
+      else
+        for (int b = 0; b < nb; ++b)
+          rows_dot<1>(X, m0, mb, wp, dp, cp, b0 + b, out + b * kBlockN, kStride);
+    });
 #if RADIXLM_INT4_AMX
     if (amx) _tile_release();
 #endif

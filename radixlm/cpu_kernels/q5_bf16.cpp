@@ -161,29 +161,19 @@ torch::Tensor q5_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d, 
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  // Blocks at a time: enough independent dot-product chains (vdpbf16ps has a latency
-  // of several cycles) when there are few rows.
-  const int NB = (R == 1 && nblocks >= 4) ? 4 : ((R == 2 && nblocks >= 2) ? 2 : 1);
+  const int NB = bf16_rows::loop_blocks(R, nblocks);
   const int64_t units = (nblocks + NB - 1) / NB;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    // res [R, kStride]: row r's results for the unit's (up to) 4 blocks.
-    std::vector<float> res(R * kStride);
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t b0 = u * NB;
-      const int nb = static_cast<int>(std::min<int64_t>(NB, nblocks - b0));
-      for (int64_t m0 = 0; m0 < R; m0 += kRowBlock) {
-        const int64_t mb = std::min<int64_t>(kRowBlock, R - m0);
-        float* out = res.data() + m0 * kStride;
-        if (nb == 4)
-          rows_dot<4>(X, m0, mb, wp, dp, b0, out, kStride);
-        else if (nb == 2)
-          rows_dot<2>(X, m0, mb, wp, dp, b0, out, kStride);
-        else
-          for (int b = 0; b < nb; ++b)
-            rows_dot<1>(X, m0, mb, wp, dp, b0 + b, out + b * kBlockN, kStride);
-      }
-      write_rows(res, M, N, b0, nb, bf16, y);
-    }
+    bf16_rows::run_units(begin, end, NB, nblocks, R, kRowBlock, M, N, bf16, y,
+                         [&](int64_t b0, int nb, int64_t m0, int64_t mb, float* out) {
+      if (nb == 4)
+        rows_dot<4>(X, m0, mb, wp, dp, b0, out, kStride);
+      else if (nb == 2)
+        rows_dot<2>(X, m0, mb, wp, dp, b0, out, kStride);
+      else
+        for (int b = 0; b < nb; ++b)
+          rows_dot<1>(X, m0, mb, wp, dp, b0 + b, out + b * kBlockN, kStride);
+    });
   });
 #endif
   return y;
