@@ -119,7 +119,9 @@ def _spec(ns: argparse.Namespace) -> None:
                           max_tokens=ns.max_tokens, random_prompts=ns.random_prompts,
                           streams=tuple(ns.streams), stream_max_tokens=ns.stream_max_tokens,
                           engine_args=dict(ns.engine_arg), output_file=ns.output_file,
-                          seed=ns.seed, starts=ns.starts)
+                          seed=ns.seed, starts=ns.starts,
+                          llama_server_spec=tuple(ns.llama_server_spec),
+                          llama_server=ns.llama_server)
     print(spec_table(run_spec_bench(cfg)))
 def _hicache(ns: argparse.Namespace) -> None:
     from radixlm.bench.hicache import HiCacheBenchConfig, hicache_table, run_hicache_bench
@@ -480,6 +482,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--starts", type=int, default=1,
                     help="Fresh server starts per configuration, interleaved (off, on, ..., "
                     "then in reverse); the table reports the median tok/s and its spread.")
+    sp.add_argument("--llama-server-spec", nargs="*", default=[], metavar="TYPE[:M[:N]]",
+                    help="The peer: llama-server (same GGUF) with --spec-type TYPE, drafts of "
+                    "M tokens after N-token matches where given (its defaults otherwise), "
+                    "each a configuration beside its plain decoding (e.g. ngram-simple "
+                    "ngram-simple:7:3 ngram-mod)")
+    sp.add_argument("--llama-server", default=None,
+                    help="llama-server binary (default: on PATH, or .llama_cpp/bin)")
     sp.set_defaults(func=_spec)
 
     ov = sub.add_parser("overlap", help="Overlap scheduler vs the serial loop, side by side: "

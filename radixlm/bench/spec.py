@@ -1,18 +1,15 @@
 """`radixlm bench spec`: speculative decoding on vs off through the HTTP API, side by side.
 
-For each configuration (off, then each --algorithms entry) a fresh `radixlm serve` is started
-with the same flags plus --speculative-algorithm, warmed with one request, and runs, in order:
-copy-heavy (edit a ~300-token code snippet, summarize a passage with quotes), a multi-turn
-chat whose later turn asks to repeat the earlier answer (then the whole conversation is
-replayed: SUFFIX's case), random prompts (single stream, greedy); then random prompts at
-each --streams concurrency. Reported: output tok/s per workload and configuration, the
-ratio to off, and the acceptance (drafted, accepted, mean acceptance length) read from
-/get_server_info after each workload; an --algorithms entry NAME:K runs NAME with
---speculative-num-draft-tokens K (`--algorithms NGRAM:3 NGRAM:7`: draft counts side by side).
-With --starts N every configuration is started N times, the configurations interleaved
-(off, on, ..., then the next start in reverse order), and the table gives the median tok/s
-over starts, its spread (min-max) and the ratio of the medians: start-to-start noise (~15%
-on the CPU) would otherwise decide a 0.97x floor.
+Per configuration (off, each --algorithms entry NAME[:K], and with --llama-server-spec
+llama.cpp's llama-server as the peer: its plain decoding and each --spec-type TYPE[:M[:N]])
+a fresh server runs copy-heavy (edit a ~300-token code snippet, quote a passage), a chat
+that asks to repeat its earlier answer (then replayed: SUFFIX's case), random prompts
+(single stream, greedy), then random prompts at each --streams concurrency. Reported:
+output tok/s, the ratio to the same server's plain run, the acceptance (radixlm's
+/get_server_info, llama-server's /metrics). With --starts N each configuration starts N
+times, interleaved, and the table gives medians over starts and their spread.
+
+More: docs/bench-tools.md, "bench/spec.py".
 """
 
 from __future__ import annotations
@@ -28,7 +25,9 @@ from typing import Any
 import httpx
 
 from radixlm.bench.report import append_json_line, format_table, machine_info, utc_now
-from radixlm.bench.server_proc import LaunchedServer, radixlm_spec
+from radixlm.bench.server_proc import (LaunchedServer, ServerSpec, find_llama_server,
+                                       llama_server_spec, radixlm_spec)
+from radixlm.models.loader import resolve_model_path
 
 CODE = '''import json
 from dataclasses import dataclass, field
@@ -95,6 +94,8 @@ class SpecBenchConfig:
     startup_timeout_s: float = 900.0
     seed: int = 0
     starts: int = 1  # fresh server starts per configuration (interleaved); medians reported
+    llama_server_spec: tuple[str, ...] = ()  # TYPE[:N] configurations of llama-server
+    llama_server: str | None = None  # its binary (None: find_llama_server's search)
 
 
 def _random_prompt(rng: random.Random) -> str:
@@ -143,9 +144,33 @@ async def _concurrent(base: str, prompts: list[str], streams: int, max_tokens: i
         return toks, time.perf_counter() - t0
 
 
-def _spec_stats(base: str) -> dict | None:
+LLAMA = "llama-server"
+# llama-server's /metrics counters (with --metrics) -> the names radixlm's server info uses.
+_LLAMA_COUNTERS = {"llamacpp:spec_decode_num_draft_tokens_total": "drafted",
+                   "llamacpp:spec_decode_num_accepted_tokens_total": "accepted",
+                   "llamacpp:spec_decode_num_drafts_total": "verifies"}
+
+
+def _spec_stats(base: str, backend: str = "radixlm") -> dict | None:
+    if backend == LLAMA:
+        return llama_spec_stats(httpx.get(base + "/metrics", timeout=30).text)
     info = httpx.get(base + "/get_server_info", timeout=30).json()
     return info.get("pool", {}).get("speculative")
+
+
+def llama_spec_stats(metrics: str) -> dict | None:
+    """radixlm's speculative counters from llama-server's Prometheus text (None when
+    it has none: speculation off, or an older build). A draft there is one verified request
+    step, so verify_steps = verifies."""
+    out = {}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _LLAMA_COUNTERS:
+            out[_LLAMA_COUNTERS[name]] = int(float(value))
+    if len(out) < len(_LLAMA_COUNTERS):
+        return None
+    out["verify_steps"] = out["verifies"]
+    return out
 
 
 def _delta(after: dict | None, before: dict | None) -> dict | None:
@@ -180,6 +205,52 @@ def start_order(configs: list[str | None], starts: int) -> list[tuple[int, str |
     return out
 
 
+def is_llama(conf: str | None) -> bool:
+    return bool(conf) and conf.split(":")[0] == LLAMA
+
+
+def server_spec(cfg: SpecBenchConfig, conf: str | None) -> ServerSpec:
+    """The server of one configuration: radixlm (off or an --algorithms entry) or
+    llama-server ("llama-server:TYPE[:N]")."""
+    if not is_llama(conf):
+        return radixlm_spec(conf or "off", cfg.model, {**cfg.engine_args, **config_args(conf)})
+    _, spec_type, m, n = (conf.split(":") + ["", "", ""])[:4]
+    binary = find_llama_server(cfg.llama_server)
+    if binary is None:
+        raise FileNotFoundError("llama-server not found (--llama-server PATH, or "
+                                "scripts/build_llama_server.sh)")
+    # One slot per stream; a slot holds the longest conversation (repeat-chat's three turns).
+    base = llama_server_spec(binary, resolve_model_path(cfg.model), max(cfg.streams, default=1),
+                             4096, os.cpu_count() or 1)
+    extra = ["--metrics"] + llama_spec_flags(spec_type, m, n)
+    return ServerSpec(conf, base.cmd + tuple(extra), base.port, base.backend)
+
+
+def llama_spec_flags(spec_type: str, m: str = "", n: str = "") -> list[str]:
+    """llama-server's flags for --spec-type `spec_type` with draft length m and lookup
+    length n where given (its own defaults otherwise: ngram-simple/-map-k drafts of 48
+    after a 12-token match, ngram-mod 48-64 after 24, a draft model 3)."""
+    if not spec_type or spec_type == "none":
+        return []
+    flags = ["--spec-type", spec_type]
+    if spec_type in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):
+        flags += ([f"--spec-{spec_type}-size-m", m] if m else []) + (
+            [f"--spec-{spec_type}-size-n", n] if n else [])
+    elif spec_type == "ngram-mod":
+        flags += (["--spec-ngram-mod-n-min", m, "--spec-ngram-mod-n-max", m] if m else []) + (
+            ["--spec-ngram-mod-n-match", n] if n else [])
+    elif m:
+        flags += ["--spec-draft-n-max", m]
+    return flags
+
+
+def llama_configs(entries: tuple[str, ...]) -> list[str]:
+    """--llama-server-spec entries as configuration names, llama-server's plain decoding
+    (its baseline) first."""
+    names = [f"{LLAMA}:{e}" for e in entries if e.split(":")[0] != "none"]
+    return [f"{LLAMA}:none", *names] if entries else []
+
+
 def config_args(alg: str | None) -> dict[str, Any]:
     """The engine arguments of one configuration: None is off; NAME or NAME:K (K drafts)."""
     if not alg:
@@ -189,20 +260,21 @@ def config_args(alg: str | None) -> dict[str, Any]:
 
 
 def _one_start(cfg: SpecBenchConfig, alg: str | None, start: int, log) -> list[dict[str, Any]]:
-    args = {**cfg.engine_args, **config_args(alg)}
-    spec = radixlm_spec(alg or "off", cfg.model, args)
+    spec = server_spec(cfg, alg)
+    backend = LLAMA if is_llama(alg) else "radixlm"
     log(f"starting {' '.join(spec.cmd)} (start {start + 1}/{cfg.starts})")
     runs = []
     with LaunchedServer(spec, cfg.startup_timeout_s):
         base = spec.base_url
         asyncio.run(_sequential(base, [[{"role": "user", "content": "Hello"}]], 8))  # warm
         for name, work in _workloads(cfg):
-            before = _spec_stats(base)
+            before = _spec_stats(base, backend)
             load = os.getloadavg()[0]
             toks, dt = asyncio.run(work(base))
             run = {"config": alg or "off", "workload": name, "start": start, "tokens": toks,
                    "seconds": round(dt, 2), "tok_s": round(toks / dt, 2),
-                   "loadavg": round(load, 2), "spec": _delta(_spec_stats(base), before)}
+                   "loadavg": round(load, 2),
+                   "spec": _delta(_spec_stats(base, backend), before)}
             runs.append(run)
             log(f"{run['config']:>6} {name:<18} {run['tok_s']:7.1f} tok/s "
                 f"({toks} tok, {dt:.1f} s, load {load:.1f}) {run['spec']}")
@@ -213,7 +285,8 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict[str, Any]:
     if cfg.starts < 1:
         raise ValueError(f"--starts must be >= 1, got {cfg.starts}")
     runs: list[dict[str, Any]] = []
-    for start, alg in start_order([None, *cfg.algorithms], cfg.starts):
+    configs = [None, *cfg.algorithms, *llama_configs(cfg.llama_server_spec)]
+    for start, alg in start_order(configs, cfg.starts):
         runs += _one_start(cfg, alg, start, log)
     record = {"bench": "spec", "date": utc_now(), "machine": machine_info(),
               "config": {k: v for k, v in cfg.__dict__.items() if k != "output_file"},
@@ -233,8 +306,8 @@ def _summed(spec: list[dict | None]) -> dict:
 
 def spec_table(record: dict[str, Any]) -> str:
     """One row per (workload, config): the median tok/s over its starts, the spread
-    (min-max, when there were several), the ratio of medians to off, and the acceptance
-    summed over starts."""
+    (min-max, when there were several), the ratio of medians to off (llama-server's
+    configurations: to its `none`), and the acceptance summed over starts."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in record["runs"]:
         groups.setdefault((r["workload"], r["config"]), []).append(r)
@@ -242,13 +315,14 @@ def spec_table(record: dict[str, Any]) -> str:
     rows = []
     for (work, conf), rs in groups.items():
         sp = _summed([r["spec"] for r in rs])
-        off = med.get((work, "off"))
+        off = med.get((work, f"{LLAMA}:none" if is_llama(conf) else "off"))
         rates = [r["tok_s"] for r in rs]
         spread = f"{min(rates):.1f}-{max(rates):.1f}" if len(rs) > 1 else ""
         rows.append([work, conf, len(rs), round(med[(work, conf)], 2), spread,
                      round(med[(work, conf)] / off, 3) if off else "",
                      sp["mean_acceptance_length"] or "", sp["accepted"] or "",
                      sp["drafted"] or "", round(statistics.median(r["loadavg"] for r in rs), 2)])
-    rows.sort(key=lambda row: (row[0], row[1] != "off", row[1]))
+    rows.sort(key=lambda row: (row[0], is_llama(row[1]), row[1] not in ("off", f"{LLAMA}:none"),
+                               row[1]))
     return format_table(["workload", "config", "starts", "tok/s (median)", "spread",
                          "x off", "accept len", "accepted", "drafted", "load"], rows)
