@@ -1,7 +1,8 @@
 """Torch attention backend: the reference backend, on any device torch runs on.
 
 Extend loops over requests (one SDPA call each over K/V gathered from the pool; work per
-step grows with the batch, not the tokens). Decode, on the CPU where the C++ kernel built
+step grows with the batch, not the tokens); a run of consecutive requests without a prefix
+and of one length is one batched SDPA call over the step's own K/V (no gather). Decode, on the CPU where the C++ kernel built
 (`cpu_kernels/decode_attention.cpp`), is one call per layer reading K/V in place from the
 pool, with no host values (so compiled decode graphs can hold it); elsewhere it is one
 batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
@@ -61,6 +62,9 @@ class _ExtendMetadata:
     masks: list[torch.Tensor | None]
     token_offsets: list[int]  # start of each request's tokens in the flat T dimension
     prefix_lens: list[int]
+    # Runs (first request, count) of consecutive requests with no prefix and one extend
+    # length (`prefix_free_runs`): one batched SDPA call each over the step's own K/V.
+    runs: list[tuple[int, int]] = field(default_factory=list)
     # sliding window -> per request mask [extend_len, seq_len] (built on first use)
     windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
@@ -77,6 +81,21 @@ class _ExtendMetadata:
                 masks.append((k_pos <= q_pos) & (k_pos > q_pos - window))
             self.windowed[window] = masks
         return self.windowed[window]
+
+
+def prefix_free_runs(prefix_lens: list[int], ext_lens: list[int]) -> list[tuple[int, int]]:
+    """The requests as runs (first, count) in order: a run is either one request with a
+    prefix, or consecutive prefix-free requests of one extend length (whose queries and
+    K/V are then adjacent, equal-sized blocks of the flat token dimension)."""
+    runs: list[tuple[int, int]] = []
+    for i, (prefix, ext) in enumerate(zip(prefix_lens, ext_lens)):
+        if runs and prefix == 0:
+            first, n = runs[-1]
+            if prefix_lens[first] == 0 and ext_lens[first] == ext:
+                runs[-1] = (first, n + 1)
+                continue
+        runs.append((i, 1))
+    return runs
 
 
 @dataclass
@@ -141,8 +160,9 @@ class TorchAttentionBackend(AttentionBackend):
                 masks.append(k_pos[None, :] <= q_pos[:, None])
             offsets.append(offset)
             offset += ext
-        self.extend_md = _ExtendMetadata(kv_indices, masks, offsets,
-                                         list(fb.extend_prefix_lens_cpu))
+        prefixes = list(fb.extend_prefix_lens_cpu[:tail])
+        self.extend_md = _ExtendMetadata(kv_indices, masks, offsets, prefixes,
+                                         prefix_free_runs(prefixes, lens[:tail]))
 
     def _init_decode(self, rows_t: torch.Tensor, seq_lens: torch.Tensor, max_len: int,
                      req_to_token: torch.Tensor) -> None:
@@ -165,13 +185,14 @@ class TorchAttentionBackend(AttentionBackend):
         b, t = self.tail_req, self.tail_tok
         if t == q.shape[0]:
             fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
-            return self._extend(q, *fb.token_to_kv_pool.get_kv(layer.layer_id), layer, fb)
+            return self._extend(q, k, v, *fb.token_to_kv_pool.get_kv(layer.layer_id), layer)
         out = torch.empty_like(q)
         out[t:] = self._decode_rows(q[t:], k[t:], v[t:], layer, fb, fb.out_cache_loc[t:],
                                     fb.req_pool_indices[b:], fb.seq_lens[b:])
         if t:
             fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc[:t], k[:t], v[:t])
-            out[:t] = self._extend(q[:t], *fb.token_to_kv_pool.get_kv(layer.layer_id), layer, fb)
+            out[:t] = self._extend(q[:t], k[:t], v[:t],
+                                   *fb.token_to_kv_pool.get_kv(layer.layer_id), layer)
         return out
 
     def _verify_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -231,17 +252,39 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [kvh, B, group, d]
         return out.transpose(0, 1).reshape(b, heads, d).to(q.dtype)
 
-    def _extend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
+    def _extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+                v_buf: torch.Tensor, layer: "RadixAttention") -> torch.Tensor:
+        """q [T, heads, d]; k, v [T, kvh, d] the step's own K/V, already in the pool.
+        A request with a prefix (or a sliding-window mask) attends over its K/V gathered
+        from the pool; a run of prefix-free requests over k/v themselves when the pool
+        holds them exactly (same dtype), batched [n, heads, ext, d]."""
         md = self.extend_md
         out = torch.empty_like(q)
         gqa = layer.num_heads != layer.num_kv_heads
-        for idx, mask, off, ext in zip(md.kv_indices, md.layer_masks(layer.sliding_window),
-                                       md.token_offsets, fb.extend_seq_lens_cpu):
-            qi = q[off:off + ext].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, d]
-            ki = k_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kvh, seq, d]
-            vi = v_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
-                                                scale=layer.scaling, enable_gqa=gqa)
-            out[off:off + ext] = oi[0].transpose(0, 1)
+        masks = md.layer_masks(layer.sliding_window)
+        own = k.dtype == k_buf.dtype == q.dtype
+        for first, n in md.runs:
+            mask, off = masks[first], md.token_offsets[first]
+            if mask is None and own:
+                ext = md.kv_indices[first].shape[0]  # no prefix: its whole sequence
+                end = off + n * ext
+
+                def blocks(x: torch.Tensor) -> torch.Tensor:  # [n, x heads, ext, d]
+                    return x[off:end].view(n, ext, *x.shape[1:]).transpose(1, 2)
+
+                oi = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v),
+                                                    is_causal=True, scale=layer.scaling,
+                                                    enable_gqa=gqa)
+                out[off:end] = oi.transpose(1, 2).reshape(end - off, *q.shape[1:])
+                continue
+            for i in range(first, first + n):
+                idx, mask, off = md.kv_indices[i], masks[i], md.token_offsets[i]
+                ext = idx.shape[0] - md.prefix_lens[i]
+                qi = q[off:off + ext].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, d]
+                ki = k_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kvh, seq, d]
+                vi = v_buf[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask,
+                                                    is_causal=mask is None,
+                                                    scale=layer.scaling, enable_gqa=gqa)
+                out[off:off + ext] = oi[0].transpose(0, 1)
         return out
