@@ -14,11 +14,17 @@
 // bf16 (the last block's missing channels zero); y [M, N] bf16, each output's float32
 // sum (plus the bias, when given) rounded once (round-to-nearest-even), as oneDNN's
 // fused bias does; a row's result is the same whatever M.
+// bf16_tiles_gated: a gated MLP's gate_up weight ([gate; up] rows, H each, H % 16 == 0)
+// whose unit pairs gate block u with up block u + H / 16, so that the epilogue writes
+// act(gate) * up [M, H] instead of [gate | up] [M, 2H]: rounded exactly as the unfused
+// GEMM followed by norm_rope.cpp's act_mul (gate and up to bf16, act(gate) to bf16, the
+// product to bf16; activations.h), without the [M, 2H] round trip through memory.
 // Built only where the compiler targets AMX-BF16; bf16_tiles_path() says whether the OS
 // grants the tile state (0: callers keep oneDNN).
 #include "torch_api.h"
 #include "prefetch.h"
 #include "amx_tiles.h"
+#include "activations.h"
 
 #include <immintrin.h>
 
@@ -104,12 +110,10 @@ void pass_partial(const uint16_t* xa, int64_t K, const uint16_t* w0, const uint1
 // One unit (NB = 1 or 2 blocks from b0) for R rows of x into res [R, kResStride], 32 rows
 // a pass. prefetch: the weight is read from memory in this call (the first row chunk);
 // configured: the tile shape this thread loaded last.
+// w0, w1: the unit's two blocks' tiles (w1 unused when NB = 1).
 template <int NB>
-void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w, int64_t b0,
+void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const uint16_t* w1,
               float* res, bool prefetch, int& configured) {
-  const int64_t ng = K / kGroup;
-  const uint16_t* w0 = w + b0 * ng * kTile;
-  const uint16_t* w1 = w0 + ng * kTile;
   constexpr int64_t rs = kResStride * 4;  // bytes per row of res
   for (int64_t m0 = 0; m0 < R; m0 += kUnitRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kUnitRows, R - m0));
@@ -159,6 +163,20 @@ void write_unit(const float* res, int64_t R, int64_t N, int64_t b0, int nb, cons
     }
   }
 }
+// R rows of res (gate block | up block of unit u) into y [R, H] as act(gate) * up, each
+// rounding where the unfused path rounds (see the header).
+template <typename Act>
+void write_gated(const float* res, int64_t R, int64_t H, int64_t u, uint16_t* y) {
+  for (int64_t i = 0; i < R; ++i) {
+    const float* __restrict v = res + i * kResStride;
+    uint16_t* __restrict yp = y + i * H + u * kBlockN;
+    float act[kBlockN];
+    for (int j = 0; j < kBlockN; ++j) act[j] = Act::apply(bf16_load(bf16_store(v[j])));
+    for (int j = 0; j < kBlockN; ++j)
+      yp[j] = bf16_store(bf16_load(bf16_store(act[j])) *
+                         bf16_load(bf16_store(v[kBlockN + j])));
+  }
+}
 #endif
 
 }  // namespace
@@ -202,11 +220,50 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
       for (int64_t u = begin; u < end; ++u) {
         const int64_t b0 = 2 * u;
         const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
+        const uint16_t* w0 = wp + b0 * (K / kGroup) * kTile;
+        const uint16_t* w1 = w0 + (K / kGroup) * kTile;
         if (nb == 2)
-          unit_dot<2>(xp + c0 * K, rows, K, wp, b0, res.data(), c0 == 0, configured);
+          unit_dot<2>(xp + c0 * K, rows, K, w0, w1, res.data(), c0 == 0, configured);
         else
-          unit_dot<1>(xp + c0 * K, rows, K, wp, b0, res.data(), c0 == 0, configured);
+          unit_dot<1>(xp + c0 * K, rows, K, w0, w1, res.data(), c0 == 0, configured);
         write_unit(res.data(), rows, N, b0, nb, bp, yp + c0 * N);
+      }
+    }
+    _tile_release();
+  });
+#endif
+  return y;
+}
+
+torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool gelu) {
+  TORCH_CHECK(bf16_tiles_path() == 1, "bf16_tiles_gated: no AMX-BF16 tiles here");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
+              "bf16_tiles_gated: x [M, K] bfloat16 contiguous");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % kGroup == 0 && H > 0 && H % kBlockN == 0,
+              "bf16_tiles_gated: K a multiple of 32, H a positive multiple of 16");
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
+                  w.numel() == 2 * H * K,
+              "bf16_tiles_gated: w [2H / 16, K / 32, 16, 32] bfloat16 contiguous");
+  auto y = torch::empty({M, H}, x.options());
+#if RADIXLM_BF16_TILES
+  if (M == 0) return y;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t units = H / kBlockN, block = (K / kGroup) * kTile;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
+    int configured = -1;
+    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
+      const int64_t rows = std::min(kRowChunk, M - c0);
+      for (int64_t u = begin; u < end; ++u) {
+        unit_dot<2>(xp + c0 * K, rows, K, wp + u * block, wp + (u + units) * block,
+                    res.data(), c0 == 0, configured);
+        if (gelu)
+          write_gated<GeluTanh>(res.data(), rows, H, u, yp + c0 * H);
+        else
+          write_gated<Silu>(res.data(), rows, H, u, yp + c0 * H);
       }
     }
     _tile_release();
@@ -220,5 +277,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
         "x [M, K] bf16 @ W.T (+ bias [N]) -> [M, N] bf16, W packed as AMX B tiles (see the "
         "source).",
         py::arg("x"), py::arg("w"), py::arg("n"), py::arg("bias") = py::none());
+  mod.def("bf16_tiles_gated", &bf16_tiles_gated,
+        "act(x @ Wg.T) * (x @ Wu.T) [M, H] for W = [Wg; Wu] packed as AMX B tiles; act: "
+        "SiLU, or tanh-GELU with gelu=True (see the source).",
+        py::arg("x"), py::arg("w"), py::arg("h"), py::arg("gelu") = false);
   mod.def("bf16_tiles_path", &bf16_tiles_path, "1: AMX-BF16 tiles usable here, 0: not.");
 }

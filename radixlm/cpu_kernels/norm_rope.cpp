@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "activations.h"
 #include "fast_exp.h"
 
 namespace {
@@ -31,17 +32,8 @@ struct Elem {
 template <>
 struct Elem<c10::BFloat16> {
   using raw = uint16_t;
-  static float load(raw v) {
-    const uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    __builtin_memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  static raw store(float f) {
-    uint32_t u;
-    __builtin_memcpy(&u, &f, sizeof u);
-    return static_cast<raw>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  }
+  static float load(raw v) { return bf16_load(v); }
+  static raw store(float f) { return bf16_store(f); }
 };
 
 template <typename T>
@@ -147,28 +139,9 @@ void gemma_norm_add_norm_rows(const raw_t<T>* x, const raw_t<T>* delta, const fl
   });
 }
 
-// The gate activations of a gated MLP, float32 in and out.
-struct Silu {
-  static float apply(float x) { return x / (1.f + exp_approx(-x)); }
-};
-// tanh-approximated GELU, 0.5 x (1 + tanh(z)) with z = sqrt(2 / pi) (x + 0.044715 x^3)
-// (torch's approximate="tanh"), rounded as torch rounds it: with t = 1 + tanh(z) =
-// 2 / (1 + exp(-2 z)) (accurate), torch's float32 tanh is t - 1 rounded, and adding 1
-// back leaves t rounded to a multiple of 2^-24 where t < 1/2 (exactly 0 far in the negative
-// tail), t itself above (the subtraction and the addition are exact there). Written
-// without the "- 1 + 1", which -fassociative-math (build.py) would fold away.
-struct GeluTanh {
-  static float apply(float x) {
-    const float z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    const float t = 2.f / (1.f + exp_approx(-2.f * z));
-    const float h = t < 0.5f ? __builtin_rintf(t * 16777216.f) * (1.f / 16777216.f) : t;
-    return 0.5f * x * h;
-  }
-};
-
 // out[t, i] = cast(cast(act(g)) * u) with g = gate_up[t, i], u = gate_up[t, inter + i]
-// (the rows of gate_up are [gate | up]; torch's F.silu(gate) * up or F.gelu(gate,
-// approximate="tanh") * up rounds at those points).
+// (the rows of gate_up are [gate | up]; act: activations.h's Silu or GeluTanh; torch's
+// F.silu(gate) * up or F.gelu(gate, approximate="tanh") * up rounds at those points).
 template <typename T, typename Act>
 void act_mul_rows(const raw_t<T>* gu, raw_t<T>* out, int64_t rows, int64_t inter,
                   int64_t gu_stride) {

@@ -131,6 +131,13 @@ class ColumnParallelLinear(_ShardedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._gemm(x, self.bias)
 
+    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+        """act(gate) * up of a [gate; up] layer in one call where its method has one
+        (LinearMethod.gated_act_mul) and there is no bias; else None."""
+        if self.method is None or self.bias is not None:
+            return None
+        return self.method.gated_act_mul(x, gelu)
+
     @torch.no_grad()
     def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:
         s = self.shards[shard]

@@ -140,3 +140,71 @@ def test_policy_picks_tiles_only_where_they_fit() -> None:
                       PrepackedLinear)
     assert not bf16_tiles_fit(torch.randn(32, 64))              # float32 run: oneDNN
     assert not bf16_tiles_fit(torch.randn(32, 48).bfloat16())   # K not whole groups
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,k,h", [(1, 64, 16), (9, 576, 1536), (40, 96, 48), (300, 640, 2048)])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_gated_epilogue_equals_the_gemm_then_act_mul(m: int, k: int, h: int, gelu: bool) -> None:
+    """bf16_tiles_gated = the [gate | up] GEMM, then norm_rope's act(gate) * up, bit for
+    bit (the same roundings: activations.h), across the 32-row passes and 256-row chunks."""
+    from radixlm.cpu_kernels.build import load_kernel
+
+    g = torch.Generator().manual_seed(m + k + h)
+    w = (0.1 * torch.randn(2 * h, k, generator=g)).bfloat16()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    tiles = pack_tiles(w)
+    gate_up = kernel.bf16_tiles_matmul(x, tiles, 2 * h, None)
+    norm_rope = load_kernel("norm_rope")
+    act_mul = norm_rope.gelu_tanh_mul if gelu else norm_rope.silu_mul
+    assert torch.equal(kernel.bf16_tiles_gated(x, tiles, h, gelu), act_mul(gate_up))
+    assert kernel.bf16_tiles_gated(x[:0], tiles, h, gelu).shape == (0, h)
+
+
+@needs_kernel
+def test_gated_refuses_halves_off_the_block_grid() -> None:
+    w = torch.randn(2 * 24, 64).bfloat16()  # halves of 24 channels: not whole blocks
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernel.bf16_tiles_gated(torch.randn(2, 64).bfloat16(), pack_tiles(w), 24, False)
+    lin = TiledBf16Linear(w)
+    assert lin.gated_act_mul(torch.randn(2, 64).bfloat16(), False) is None
+    lin = TiledBf16Linear(torch.randn(64, 64).bfloat16())
+    assert lin.gated_act_mul(torch.randn(2, 64), False) is None  # float32 x: forward path
+    assert lin.gated_act_mul(torch.randn(2, 64).bfloat16(), False).shape == (2, 32)
+
+
+@needs_kernel
+def test_gated_mlp_takes_the_fused_path_with_the_same_output() -> None:
+    """GatedMLP over a tiles gate_up: the fused call, equal to the unfused MLP; a quantized
+    method passes its dense fallback's fused path through only for its large calls."""
+    from types import SimpleNamespace
+
+    from radixlm.models.linear.method import SmallBatchQuantized
+    from radixlm.models.mlp import GatedMLP
+    from radixlm.models.parallel_context import SINGLE
+
+    g = torch.Generator().manual_seed(3)
+    cfg = SimpleNamespace(hidden_size=64, intermediate_size=96, mlp_bias=False,
+                          hidden_act="silu")
+    mlp = GatedMLP(cfg, SINGLE)
+    for layer in (mlp.gate_up_proj, mlp.down_proj):
+        layer.weight.data = (0.1 * torch.randn(layer.weight.shape, generator=g)).bfloat16()
+    up = TiledBf16Linear(mlp.gate_up_proj.weight.data)
+    mlp.gate_up_proj.method, mlp.gate_up_proj.method_forward = up, up.forward
+    x = torch.randn(20, 64, generator=g).bfloat16()
+    calls = []
+    real = up.gated_act_mul
+    up.gated_act_mul = lambda x, gelu: calls.append(x.shape[0]) or real(x, gelu)
+    with torch.inference_mode():
+        fused = mlp.forward(x)
+        mlp.gate_up_proj.gated_act_mul = lambda x, gelu: None
+        plain = mlp.forward(x)
+    assert calls == [20] and torch.equal(fused, plain)
+
+    class _Small(SmallBatchQuantized):
+        def small(self, x):
+            return self.fallback.forward(x)
+
+    q = _Small(up, max_m=8)
+    assert q.gated_act_mul(x[:8], False) is None  # its kernel's rows: no fused path
+    assert torch.equal(q.gated_act_mul(x, False), real(x, False))

@@ -96,5 +96,14 @@ class TiledBf16Linear(LinearMethod):
             y = y.to(x.dtype)
         return y.reshape(*lead, self.out_features)
 
+    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+        """The kernel's fused epilogue (`bf16_tiles_gated`): a bf16 x [M, in] eagerly,
+        halves of whole blocks of 16 channels; else None (forward, then act * up)."""
+        half = self.out_features // 2
+        if (torch.compiler.is_compiling() or x.dtype != torch.bfloat16 or x.dim() != 2
+                or self.out_features % (2 * BLOCK_N)):
+            return None
+        return self._kernel.bf16_tiles_gated(x.contiguous(), self.tiles, half, gelu)
+
     def dequantized_weight(self) -> torch.Tensor:
         return unpack_tiles(self.tiles, self.out_features)

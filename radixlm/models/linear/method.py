@@ -45,6 +45,12 @@ class LinearMethod(nn.Module):
         diagnostics; may allocate)."""
         raise NotImplementedError
 
+    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+        """For a gated MLP's gate_up weight ([gate; up] rows): act(gate) * up [M, out / 2]
+        in one call, rounded as forward() then the act * up kernel round it (act: SiLU,
+        tanh-GELU with `gelu`); None where this method has no such path for x."""
+        return None
+
     def own_bytes(self) -> int:
         """Bytes of this method's own buffers and parameters (not its children's)."""
         return sum(t.numel() * t.element_size()
@@ -137,3 +143,6 @@ class SmallBatchQuantized(LinearMethod):
             return self.fallback.forward(x, bias)
         y = self.small(x.contiguous())
         return y + bias if bias is not None else y
+
+    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+        return self.fallback.gated_act_mul(x, gelu) if x.shape[0] > self.max_m else None
