@@ -164,17 +164,26 @@ void write_unit(const float* res, int64_t R, int64_t N, int64_t b0, int nb, cons
   }
 }
 // R rows of res (gate block | up block of unit u) into y [R, H] as act(gate) * up, each
-// rounding where the unfused path rounds (see the header).
+// rounding where the unfused path rounds (see the header). Three loops over up to 64 rows
+// at a time, the activation's a flat loop of 1024 floats: GCC vectorizes it as it does
+// norm_rope.cpp's (within a 16-float row tanh-GELU's loop stayed scalar: 1.8x slower).
 template <typename Act>
 void write_gated(const float* res, int64_t R, int64_t H, int64_t u, uint16_t* y) {
-  for (int64_t i = 0; i < R; ++i) {
-    const float* __restrict v = res + i * kResStride;
-    uint16_t* __restrict yp = y + i * H + u * kBlockN;
-    float act[kBlockN];
-    for (int j = 0; j < kBlockN; ++j) act[j] = Act::apply(bf16_load(bf16_store(v[j])));
-    for (int j = 0; j < kBlockN; ++j)
-      yp[j] = bf16_store(bf16_load(bf16_store(act[j])) *
-                         bf16_load(bf16_store(v[kBlockN + j])));
+  constexpr int64_t kRows = 64;
+  float g[kRows * kBlockN], a[kRows * kBlockN];
+  for (int64_t i0 = 0; i0 < R; i0 += kRows) {
+    const int64_t n = std::min(kRows, R - i0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int j = 0; j < kBlockN; ++j)
+        g[i * kBlockN + j] = bf16_load(bf16_store(res[(i0 + i) * kResStride + j]));
+    for (int64_t e = 0; e < n * kBlockN; ++e) a[e] = Act::apply(g[e]);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* __restrict up = res + (i0 + i) * kResStride + kBlockN;
+      uint16_t* __restrict yp = y + (i0 + i) * H + u * kBlockN;
+      for (int j = 0; j < kBlockN; ++j)
+        yp[j] = bf16_store(bf16_load(bf16_store(a[i * kBlockN + j])) *
+                           bf16_load(bf16_store(up[j])));
+    }
   }
 }
 #endif
