@@ -143,6 +143,23 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const
   }
 }
 
+// unit(u, c0, rows, res, configured) for every unit u of [0, units) and row chunk [c0, c0 +
+// rows) of [0, M): units spread over torch's threads, each thread's chunks in order (its
+// weight streamed from memory by the first chunk, from cache after), res the thread's
+// scratch of kRowChunk x kResStride floats, configured its last tile shape.
+template <typename Unit>
+void for_unit_chunks(int64_t M, int64_t units, const Unit& unit) {
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
+    int configured = -1;
+    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
+      const int64_t rows = std::min(kRowChunk, M - c0);
+      for (int64_t u = begin; u < end; ++u) unit(u, c0, rows, res.data(), configured);
+    }
+    _tile_release();
+  });
+}
+
 // R rows of res (a unit's blocks b0..) plus the bias (float32 [N], or null) into y [R, N]
 // as bf16: one rounding of each output.
 void write_unit(const float* res, int64_t R, int64_t N, int64_t b0, int nb, const float* bias,
@@ -220,25 +237,17 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t units = (nblocks + 1) / 2;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
-    int configured = -1;
-    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, M - c0);
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t b0 = 2 * u;
-        const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
-        const uint16_t* w0 = wp + b0 * (K / kGroup) * kTile;
-        const uint16_t* w1 = w0 + (K / kGroup) * kTile;
-        if (nb == 2)
-          unit_dot<2>(xp + c0 * K, rows, K, w0, w1, res.data(), c0 == 0, configured);
-        else
-          unit_dot<1>(xp + c0 * K, rows, K, w0, w1, res.data(), c0 == 0, configured);
-        write_unit(res.data(), rows, N, b0, nb, bp, yp + c0 * N);
-      }
-    }
-    _tile_release();
+  const int64_t block = (K / kGroup) * kTile;
+  for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                            int& configured) {
+    const int64_t b0 = 2 * u;
+    const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
+    const uint16_t* w0 = wp + b0 * block;
+    if (nb == 2)
+      unit_dot<2>(xp + c0 * K, rows, K, w0, w0 + block, res, c0 == 0, configured);
+    else
+      unit_dot<1>(xp + c0 * K, rows, K, w0, w0 + block, res, c0 == 0, configured);
+    write_unit(res, rows, N, b0, nb, bp, yp + c0 * N);
   });
 #endif
   return y;
@@ -261,21 +270,14 @@ torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const int64_t units = H / kBlockN, block = (K / kGroup) * kTile;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
-    int configured = -1;
-    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, M - c0);
-      for (int64_t u = begin; u < end; ++u) {
-        unit_dot<2>(xp + c0 * K, rows, K, wp + u * block, wp + (u + units) * block,
-                    res.data(), c0 == 0, configured);
-        if (gelu)
-          write_gated<GeluTanh>(res.data(), rows, H, u, yp + c0 * H);
-        else
-          write_gated<Silu>(res.data(), rows, H, u, yp + c0 * H);
-      }
-    }
-    _tile_release();
+  for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                int& configured) {
+    unit_dot<2>(xp + c0 * K, rows, K, wp + u * block, wp + (u + units) * block, res,
+                c0 == 0, configured);
+    if (gelu)
+      write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
+    else
+      write_gated<Silu>(res, rows, H, u, yp + c0 * H);
   });
 #endif
   return y;

@@ -10,7 +10,7 @@ import torch
 
 from radixlm.attention.torch_backend import TorchAttentionBackend, prefix_free_runs
 from radixlm.forward_batch import ForwardBatch, ForwardMode
-from radixlm.mem import ReqToTokenPool, TokenToKVPool
+from tests.attention_fixtures import fake_layer, scattered_pools
 
 
 def test_runs_group_consecutive_prefix_free_requests_of_one_length():
@@ -22,28 +22,12 @@ def test_runs_group_consecutive_prefix_free_requests_of_one_length():
     assert prefix_free_runs([3, 3, 0], [4, 4, 4]) == [(0, 1), (1, 1), (2, 1)]
 
 
-def _layer(heads: int, kvh: int, d: int, window: int | None):
-    class _Layer:  # what the backend reads of a RadixAttention
-        layer_id, num_heads, num_kv_heads, head_dim, scaling = 0, heads, kvh, d, d ** -0.5
-        sliding_window = window
-
-    return _Layer()
-
-
 def _extend_batch(prefix: list[int], ext: list[int], kvh: int, d: int, kv_dtype: torch.dtype,
                   g: torch.Generator) -> ForwardBatch:
     """Pools with random prefix K/V for requests on scattered rows and slots, and the
     EXTEND ForwardBatch of ext[i] new tokens after prefix[i] cached ones."""
-    b, width = len(prefix), max(p + e for p, e in zip(prefix, ext)) + 2
-    r2t = ReqToTokenPool(b + 2, width)
-    kv = TokenToKVPool(b * width + 1, 1, kvh, d, kv_dtype)
-    kv.k_buffers[0].copy_(torch.randn(kv.k_buffers[0].shape, generator=g).to(kv_dtype))
-    kv.v_buffers[0].copy_(torch.randn(kv.v_buffers[0].shape, generator=g).to(kv_dtype))
-    rows = torch.randperm(b + 1, generator=g)[:b]
-    perm = torch.randperm(b * width, generator=g) + 1  # never slot 0, the dummy
-    for i in range(b):
-        r2t.req_to_token[rows[i], :width] = perm[i * width:(i + 1) * width].int()
-    seq = [p + e for p, e in zip(prefix, ext)]
+    b, seq = len(prefix), [p + e for p, e in zip(prefix, ext)]
+    r2t, kv, rows = scattered_pools(seq, kvh, d, kv_dtype, g)
     t = sum(ext)
     loc = torch.cat([r2t.req_to_token[rows[i], prefix[i]:seq[i]].long() for i in range(b)])
     return ForwardBatch(
@@ -96,7 +80,7 @@ def test_extend_equals_the_reference(dtype, kv_dtype, window):
     backend = TorchAttentionBackend(decode_kernel=False)
     backend.init_forward_metadata(fb)
     assert backend.extend_md.runs == [(0, 3), (3, 1), (4, 2), (6, 1), (7, 1)]
-    layer = _layer(heads, kvh, d, window)
+    layer = fake_layer(heads, kvh, d, window)
     out = backend.forward(q, k, v, layer, fb)
     # The step's K/V went into the pool at out_cache_loc.
     kv = fb.token_to_kv_pool
@@ -115,7 +99,7 @@ def test_a_batched_run_equals_its_requests_one_at_a_time():
     q = torch.randn(n * ext, heads, d, generator=g).to(torch.bfloat16)
     k = torch.randn(n * ext, kvh, d, generator=g).to(torch.bfloat16)
     v = torch.randn(n * ext, kvh, d, generator=g).to(torch.bfloat16)
-    layer = _layer(heads, kvh, d, None)
+    layer = fake_layer(heads, kvh, d, None)
     backend = TorchAttentionBackend(decode_kernel=False)
     backend.init_forward_metadata(fb)
     batched = backend.forward(q, k, v, layer, fb)

@@ -11,18 +11,10 @@ import torch
 from radixlm.attention.torch_backend import TorchAttentionBackend
 from radixlm.cpu_kernels.ops import decode_attention_available
 from radixlm.forward_batch import ForwardBatch, ForwardMode
-from radixlm.mem import ReqToTokenPool, TokenToKVPool
+from tests.attention_fixtures import fake_layer, scattered_pools
 
 pytestmark = pytest.mark.skipif(not decode_attention_available(),
                                 reason="the C++ CPU kernel did not build (needs g++ and ninja)")
-
-
-def _layer(heads: int, kvh: int, d: int, window: int | None):
-    class _Layer:  # what the backend reads of a RadixAttention
-        layer_id, num_heads, num_kv_heads, head_dim, scaling = 0, heads, kvh, d, d ** -0.5
-        sliding_window = window
-
-    return _Layer()
 
 
 def _verify_batch(prefix: list[int], ext: list[int], kvh: int, d: int, dtype: torch.dtype,
@@ -30,15 +22,9 @@ def _verify_batch(prefix: list[int], ext: list[int], kvh: int, d: int, dtype: to
     """Pools with random prefix K/V for requests on scattered rows and slots, and the
     TARGET_VERIFY ForwardBatch of `ext[i]` new tokens (newest + drafts) per request."""
     g = torch.Generator().manual_seed(seed)
-    b, width = len(prefix), max(p + e for p, e in zip(prefix, ext)) + 3
-    r2t_pool = ReqToTokenPool(b + 3, width)
-    kv = TokenToKVPool(b * width + 1, 1, kvh, d, dtype)
-    kv.k_buffers[0].copy_(torch.randn(kv.k_buffers[0].shape, generator=g).to(dtype))
-    kv.v_buffers[0].copy_(torch.randn(kv.v_buffers[0].shape, generator=g).to(dtype))
-    rows = torch.randperm(b + 2, generator=g)[:b]
-    perm = torch.randperm(b * width, generator=g) + 1  # never slot 0, the dummy
-    for i in range(b):
-        r2t_pool.req_to_token[rows[i], :width] = perm[i * width:(i + 1) * width].int()
+    b = len(prefix)
+    r2t_pool, kv, rows = scattered_pools([p + e for p, e in zip(prefix, ext)], kvh, d, dtype,
+                                         g, spare=3)
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext)])
     loc = torch.cat([r2t_pool.req_to_token[rows[i], prefix[i]:prefix[i] + ext[i]].long()
                      for i in range(b)])
@@ -71,7 +57,7 @@ def _run_both(fb: ForwardBatch, g: torch.Generator, heads: int, kvh: int, d: int
         backend = TorchAttentionBackend(decode_kernel=True, verify_kernel=verify_kernel)
         backend.init_forward_metadata(fb)
         assert (backend.verify_md is not None) is verify_kernel
-        out = backend.forward(q, k, v, _layer(heads, kvh, d, window), fb)
+        out = backend.forward(q, k, v, fake_layer(heads, kvh, d, window), fb)
         results.append((out, kv.k_buffers[0].clone(), kv.v_buffers[0].clone()))
     return results
 
@@ -119,7 +105,7 @@ def test_rows_are_causal_within_the_draft():
         k2[-1] *= scale
         v2[-1] *= scale
         backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, k2, v2, _layer(4, 2, 16, None), fb))
+        outs.append(backend.forward(q, k2, v2, fake_layer(4, 2, 16, None), fb))
     torch.testing.assert_close(outs[0][:-1], outs[1][:-1], rtol=0, atol=0)
     assert not torch.allclose(outs[0][-1], outs[1][-1], atol=1e-3)
 
