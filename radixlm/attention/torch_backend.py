@@ -2,10 +2,11 @@
 
 Extend loops over requests (one SDPA call each over K/V gathered from the pool; work per
 step grows with the batch, not the tokens); a run of consecutive requests without a prefix
-and of one length is one batched SDPA call over the step's own K/V (no gather). Decode, on the CPU where the C++ kernel built
-(`cpu_kernels/decode_attention.cpp`), is one call per layer reading K/V in place from the
-pool, with no host values (so compiled decode graphs can hold it); elsewhere it is one
-batched attention (two matmuls) over K/V gathered into a padded [B, max_seq_len] layout.
+and of one length is one batched SDPA call over the step's own K/V (no gather). Decode, on
+the CPU where the C++ kernel built (`cpu_kernels/decode_attention.cpp`), is one call per
+layer reading K/V in place from the pool, with no host values (so compiled decode graphs
+can hold it); elsewhere it is one batched attention (two matmuls) over K/V gathered into
+a padded [B, max_seq_len] layout.
 An extend batch's trailing one-token rows (a MIXED batch's running decodes) are a decode:
 they take the decode path in one call, the rows before them the per-request loop.
 A TARGET_VERIFY batch (speculative verify), with the kernel, writes its K/V into the pool

@@ -94,7 +94,7 @@ class SpecBenchConfig:
     startup_timeout_s: float = 900.0
     seed: int = 0
     starts: int = 1  # fresh server starts per configuration (interleaved); medians reported
-    llama_server_spec: tuple[str, ...] = ()  # TYPE[:N] configurations of llama-server
+    llama_server_spec: tuple[str, ...] = ()  # TYPE[:M[:N]] configurations of llama-server
     llama_server: str | None = None  # its binary (None: find_llama_server's search)
 
 
@@ -211,7 +211,7 @@ def is_llama(conf: str | None) -> bool:
 
 def server_spec(cfg: SpecBenchConfig, conf: str | None) -> ServerSpec:
     """The server of one configuration: radixlm (off or an --algorithms entry) or
-    llama-server ("llama-server:TYPE[:N]")."""
+    llama-server ("llama-server:TYPE[:M[:N]]")."""
     if not is_llama(conf):
         return radixlm_spec(conf or "off", cfg.model, {**cfg.engine_args, **config_args(conf)})
     _, spec_type, m, n = (conf.split(":") + ["", "", ""])[:4]
