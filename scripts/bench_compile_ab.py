@@ -5,11 +5,12 @@
 
 One engine with --enable-torch-compile, its decode graphs made for exactly the measured
 batch sizes (not the whole 1, 2, 4, ... ladder: each size is a compile); then per round
-and batch size one static batch of 128-token prompts decodes 16 steps with the graphs and
-16 with them set aside (the eager forward, the same weights, kernels and pools), so a
-loaded machine hits both alike. Prints the graphs' compile time, the median decode step
-per round and mode, and eager / compiled per batch size. `--cpp-wrapper` compiles with
-inductor's C++ wrapper (no Python between the graph's kernels).
+and batch size one static batch of fresh 128-token prompts decodes 16 steps with the
+graphs and one with them set aside (the eager forward, the same weights, kernels and
+pools; `one_batch.interleaved_modes`), so a loaded machine hits both alike. Prints the
+graphs' compile time, the median decode step per round and mode, and eager / compiled
+per batch size. `--cpp-wrapper` compiles with inductor's C++ wrapper (no Python between
+the graph's kernels).
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import time
 import torch
 
 import radixlm.executor.model_runner as model_runner
-from radixlm.bench.offline import prompt_vocab
-from radixlm.bench.one_batch import time_one_batch
-from radixlm.bench.workload import RandomWorkload, random_prompts
+from radixlm.bench.one_batch import interleaved_modes, static_batch_args
 from radixlm.engine import Engine
 from radixlm.models.loader import resolve_model_path
 
@@ -44,26 +43,22 @@ def main() -> None:
     if args.cpp_wrapper:
         import torch._inductor.config as inductor_config
         inductor_config.cpp_wrapper = True
-    big = sizes[-1]
     t0 = time.perf_counter()
     engine = Engine(resolve_model_path(args.model), enable_torch_compile=True,
-                    torch_compile_max_bs=big, max_running_requests=big,
-                    max_total_tokens=2 * big * (128 + args.steps + 2) + 256,
-                    max_prefill_tokens=big * 128, chunked_prefill_size=big * 128,
-                    disable_overlap_schedule=True)
+                    torch_compile_max_bs=sizes[-1],
+                    **static_batch_args(sizes[-1], 128, args.steps))
     print(f"engine with graphs for {sizes} ready in {time.perf_counter() - t0:.1f} s "
           f"(threads {torch.get_num_threads()})")
     runner = engine.scheduler.runner
     graphs = runner.decode_graphs
-    vocab, excluded = prompt_vocab(engine)
-    steps: dict[tuple[int, str], list[float]] = {}
-    for i in range(args.rounds):
-        for bs in sizes:
-            for mode in ("compiled", "eager"):
-                runner.decode_graphs = graphs if mode == "compiled" else None
-                work = RandomWorkload(bs, 128, 128, args.steps, 1000 * i + bs)
-                run = time_one_batch(engine, random_prompts(work, vocab, excluded), args.steps)
-                steps.setdefault((bs, mode), []).append(statistics.median(run.decode_step_s) * 1e3)
+
+    def use(g):
+        return lambda: setattr(runner, "decode_graphs", g)
+
+    runs = interleaved_modes(engine, {"compiled": use(graphs), "eager": use(None)}, sizes,
+                             args.rounds, decode_steps=args.steps)
+    steps = {key: [statistics.median(r.decode_step_s) * 1e3 for r in rs]
+             for key, rs in runs.items()}
     runner.decode_graphs = graphs
     engine.check_invariant()
     for bs in sizes:

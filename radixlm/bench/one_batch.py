@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -131,22 +131,47 @@ def time_one_batch(engine: Engine, prompts: list[list[int]], decode_steps: int) 
     return BatchRun(prefill_s, steps)
 
 
+def static_batch_args(batch: int, prompt_len: int, decode_steps: int) -> dict[str, Any]:
+    """Engine arguments for timing static batches of up to `batch` prompts: each batch is
+    one prefill step (chunking off) and never waits for KV slots (room for two batches: the
+    previous one's slots may still be held by the radix cache); the serial loop (with the
+    overlap loop a step() returns the results of the step before, which would shift every
+    timing by one step)."""
+    prefill = batch * prompt_len
+    return {"max_running_requests": batch,
+            "max_total_tokens": 2 * batch * (prompt_len + decode_steps + 2) + 256,
+            "max_prefill_tokens": prefill, "chunked_prefill_size": prefill,
+            "disable_overlap_schedule": True}
+
+
+def interleaved_modes(engine: Engine, modes: dict[str, Callable[[], None]],
+                      batch_sizes: list[int], rounds: int, prompt_len: int = 128,
+                      decode_steps: int = 16) -> dict[tuple[int, str], list[BatchRun]]:
+    """An in-engine A/B: per round and batch size, each mode (its setter called first)
+    times one static batch (`time_one_batch`) of fresh prompts (their own per round, size
+    and mode: no radix-cache hits), the modes' order reversed every other round so that a
+    load trend favours none. {(batch size, mode): one BatchRun per round}."""
+    vocab, excluded = prompt_vocab(engine)
+    names = list(modes)
+    runs: dict[tuple[int, str], list[BatchRun]] = {}
+    for i in range(rounds):
+        for bs in batch_sizes:
+            for name in names if i % 2 == 0 else names[::-1]:
+                modes[name]()
+                w = RandomWorkload(bs, prompt_len, prompt_len, decode_steps,
+                                   (1000 * i + bs) * len(names) + names.index(name))
+                run = time_one_batch(engine, random_prompts(w, vocab, excluded), decode_steps)
+                runs.setdefault((bs, name), []).append(run)
+    return runs
+
+
 def run_one_batch(cfg: OneBatchConfig, log=print) -> dict[str, Any]:
     cfg.validate()
     machine = machine_info()
     model_path = resolve_model_path(cfg.model)
     big = max(cfg.batch_sizes)
-    prefill = big * cfg.prompt_len
     with torch_threads(cfg.num_threads):
-        # One engine sized for the largest batch; each batch is one prefill step (chunking
-        # off) and never waits for KV slots (room for two batches: the previous one's
-        # slots may still be held by the radix cache). The serial loop by default: with
-        # the overlap loop a step() returns the results of the step before, which would
-        # shift every timing by one step (override with --engine-arg).
-        args = {"max_running_requests": big,
-                "max_total_tokens": 2 * big * (cfg.prompt_len + cfg.decode_steps + 2) + 256,
-                "max_prefill_tokens": prefill, "chunked_prefill_size": prefill,
-                "disable_overlap_schedule": True, **cfg.engine_args}
+        args = {**static_batch_args(big, cfg.prompt_len, cfg.decode_steps), **cfg.engine_args}
         engine = Engine(model_path, dtype=cfg.dtype, **args)
         vocab, excluded = prompt_vocab(engine)
         warm = random_prompts(RandomWorkload(2, 16, 16, 2, seed=-1), vocab, excluded)

@@ -15,6 +15,7 @@ More: docs/bench-tools.md, "bench/spec.py".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import statistics
@@ -151,8 +152,8 @@ _LLAMA_COUNTERS = {"llamacpp:spec_decode_num_draft_tokens_total": "drafted",
                    "llamacpp:spec_decode_num_drafts_total": "verifies"}
 
 
-def _spec_stats(base: str, backend: str = "radixlm") -> dict | None:
-    if backend == LLAMA:
+def _spec_stats(base: str, llama: bool = False) -> dict | None:
+    if llama:
         return llama_spec_stats(httpx.get(base + "/metrics", timeout=30).text)
     info = httpx.get(base + "/get_server_info", timeout=30).json()
     return info.get("pool", {}).get("speculative")
@@ -222,8 +223,8 @@ def server_spec(cfg: SpecBenchConfig, conf: str | None) -> ServerSpec:
     # One slot per stream; a slot holds the longest conversation (repeat-chat's three turns).
     base = llama_server_spec(binary, resolve_model_path(cfg.model), max(cfg.streams, default=1),
                              4096, os.cpu_count() or 1)
-    extra = ["--metrics"] + llama_spec_flags(spec_type, m, n)
-    return ServerSpec(conf, base.cmd + tuple(extra), base.port, base.backend)
+    extra = ("--metrics", *llama_spec_flags(spec_type, m, n))
+    return dataclasses.replace(base, name=conf, cmd=base.cmd + extra)
 
 
 def llama_spec_flags(spec_type: str, m: str = "", n: str = "") -> list[str]:
@@ -261,20 +262,20 @@ def config_args(alg: str | None) -> dict[str, Any]:
 
 def _one_start(cfg: SpecBenchConfig, alg: str | None, start: int, log) -> list[dict[str, Any]]:
     spec = server_spec(cfg, alg)
-    backend = LLAMA if is_llama(alg) else "radixlm"
+    llama = is_llama(alg)
     log(f"starting {' '.join(spec.cmd)} (start {start + 1}/{cfg.starts})")
     runs = []
     with LaunchedServer(spec, cfg.startup_timeout_s):
         base = spec.base_url
         asyncio.run(_sequential(base, [[{"role": "user", "content": "Hello"}]], 8))  # warm
         for name, work in _workloads(cfg):
-            before = _spec_stats(base, backend)
+            before = _spec_stats(base, llama)
             load = os.getloadavg()[0]
             toks, dt = asyncio.run(work(base))
             run = {"config": alg or "off", "workload": name, "start": start, "tokens": toks,
                    "seconds": round(dt, 2), "tok_s": round(toks / dt, 2),
                    "loadavg": round(load, 2),
-                   "spec": _delta(_spec_stats(base, backend), before)}
+                   "spec": _delta(_spec_stats(base, llama), before)}
             runs.append(run)
             log(f"{run['config']:>6} {name:<18} {run['tok_s']:7.1f} tok/s "
                 f"({toks} tok, {dt:.1f} s, load {load:.1f}) {run['spec']}")

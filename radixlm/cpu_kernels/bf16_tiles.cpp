@@ -216,17 +216,24 @@ int64_t bf16_tiles_path() {
 #endif
 }
 
+// The checks both entry points make (`what` names the caller): the tiles usable here, x
+// [M, K] bf16 contiguous with K a multiple of 32, w the packed tiles of N channels.
+static void check_operands(const torch::Tensor& x, const torch::Tensor& w, int64_t N,
+                           const char* what) {
+  TORCH_CHECK(bf16_tiles_path() == 1, what, ": no AMX-BF16 tiles here");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
+              what, ": x [M, K] bfloat16 contiguous");
+  TORCH_CHECK(x.size(1) % kGroup == 0, what, ": K a multiple of 32");
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
+                  w.numel() == (N + kBlockN - 1) / kBlockN * x.size(1) * kBlockN,
+              what, ": w [ceil(N / 16), K / 32, 16, 32] bfloat16 contiguous");
+}
+
 torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
                                 c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(bf16_tiles_path() == 1, "bf16_tiles_matmul: no AMX-BF16 tiles here");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
-              "bf16_tiles_matmul: x [M, K] bfloat16 contiguous");
+  check_operands(x, w, N, "bf16_tiles_matmul");
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
-  TORCH_CHECK(K % kGroup == 0, "bf16_tiles_matmul: K a multiple of 32");
-  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
-                  w.numel() == nblocks * K * kBlockN,
-              "bf16_tiles_matmul: w [ceil(N / 16), K / 32, 16, 32] bfloat16 contiguous");
   TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N),
               "bf16_tiles_matmul: bias [N]");
   auto y = torch::empty({M, N}, x.options());
@@ -254,15 +261,9 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
 }
 
 torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool gelu) {
-  TORCH_CHECK(bf16_tiles_path() == 1, "bf16_tiles_gated: no AMX-BF16 tiles here");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
-              "bf16_tiles_gated: x [M, K] bfloat16 contiguous");
+  TORCH_CHECK(H > 0 && H % kBlockN == 0, "bf16_tiles_gated: H a positive multiple of 16");
+  check_operands(x, w, 2 * H, "bf16_tiles_gated");
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K % kGroup == 0 && H > 0 && H % kBlockN == 0,
-              "bf16_tiles_gated: K a multiple of 32, H a positive multiple of 16");
-  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
-                  w.numel() == 2 * H * K,
-              "bf16_tiles_gated: w [2H / 16, K / 32, 16, 32] bfloat16 contiguous");
   auto y = torch::empty({M, H}, x.options());
 #if RADIXLM_BF16_TILES
   if (M == 0) return y;

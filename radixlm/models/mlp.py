@@ -33,12 +33,15 @@ class GatedMLP(nn.Module):
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up_proj = self.gate_up_proj
         # One call where gate_up's method fuses act * up into its GEMM (AMX tiles).
-        fused = self.gate_up_proj.gated_act_mul(x, self.gelu)
-        if fused is not None:
-            return self.down_proj.forward(fused)
+        gated = gate_up_proj.method_gated
+        if gated is not None:
+            fused = gated(x, self.gelu)
+            if fused is not None:
+                return self.down_proj.forward(fused)
         # .forward, not __call__: see models/decoder.py's docstring.
-        gate_up = self.gate_up_proj.forward(x)
+        gate_up = gate_up_proj.forward(x)
         kernels = eager_kernels(gate_up)
         if kernels is not None:
             act_mul = kernels.gelu_tanh_mul if self.gelu else kernels.silu_mul

@@ -78,6 +78,9 @@ class _ShardedLinear(nn.Module):
         # method.forward as a plain attribute: a submodule's lookup goes through
         # nn.Module.__getattr__ (121 GEMMs per decode step).
         self.method_forward: Callable[..., torch.Tensor] | None = None
+        # method.gated_act_mul where the method fuses act(gate) * up and there is no bias
+        # (read by GatedMLP once per call), else None.
+        self.method_gated: Callable[..., torch.Tensor | None] | None = None
         self._int4: dict[str | None, Int4Groups | None] = {}
         self._int8: dict[str | None, Int8Groups | None] = {}
 
@@ -105,6 +108,7 @@ class _ShardedLinear(nn.Module):
         self.method = make_linear_method(self.weight.data, self._int4_weight(), policy,
                                          int8=self._int8_weight())
         self.method_forward = self.method.forward
+        self.method_gated = self.method.gated_act_mul if self.bias is None else None
         self._int4, self._int8 = {}, {}
         self.weight = None
 
@@ -130,13 +134,6 @@ class ColumnParallelLinear(_ShardedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._gemm(x, self.bias)
-
-    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
-        """act(gate) * up of a [gate; up] layer in one call where its method has one
-        (LinearMethod.gated_act_mul) and there is no bias; else None."""
-        if self.method is None or self.bias is not None:
-            return None
-        return self.method.gated_act_mul(x, gelu)
 
     @torch.no_grad()
     def load(self, param_name: str, tensor: CheckpointTensor, shard: str | None) -> None:

@@ -194,10 +194,11 @@ def test_gated_mlp_takes_the_fused_path_with_the_same_output() -> None:
     x = torch.randn(20, 64, generator=g).bfloat16()
     calls = []
     real = up.gated_act_mul
-    up.gated_act_mul = lambda x, gelu: calls.append(x.shape[0]) or real(x, gelu)
+    # What finalize_linear sets for a bias-free layer: the method's fused path.
+    mlp.gate_up_proj.method_gated = lambda x, gelu: calls.append(x.shape[0]) or real(x, gelu)
     with torch.inference_mode():
         fused = mlp.forward(x)
-        mlp.gate_up_proj.gated_act_mul = lambda x, gelu: None
+        mlp.gate_up_proj.method_gated = None  # a method without one
         plain = mlp.forward(x)
     assert calls == [20] and torch.equal(fused, plain)
 

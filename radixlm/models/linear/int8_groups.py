@@ -103,7 +103,7 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
 
     def __init__(self, groups: Int8Groups, fallback: LinearMethod | None, max_m: int,
                  act_dtype: torch.dtype = torch.bfloat16) -> None:
-        super().__init__(fallback, max_m)  # type: ignore[arg-type]
+        super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.register_buffer("q", groups.q.contiguous(), persistent=False)

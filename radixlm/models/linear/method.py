@@ -45,11 +45,11 @@ class LinearMethod(nn.Module):
         diagnostics; may allocate)."""
         raise NotImplementedError
 
-    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
-        """For a gated MLP's gate_up weight ([gate; up] rows): act(gate) * up [M, out / 2]
-        in one call, rounded as forward() then the act * up kernel round it (act: SiLU,
-        tanh-GELU with `gelu`); None where this method has no such path for x."""
-        return None
+    # For a gated MLP's gate_up weight ([gate; up] rows): None where the method has no
+    # fused path, else gated_act_mul(x, gelu) -> act(gate) * up [M, out / 2] in one call,
+    # rounded as forward() then the act * up kernel round it (act: SiLU, tanh-GELU with
+    # `gelu`), or None for an x it does not take (then forward, then act * up).
+    gated_act_mul: Callable[[torch.Tensor, bool], torch.Tensor | None] | None = None
 
     def own_bytes(self) -> int:
         """Bytes of this method's own buffers and parameters (not its children's)."""
@@ -123,10 +123,14 @@ class SmallBatchQuantized(LinearMethod):
     so prefill and large decode batches take the dense path. Subclasses define
     `small(x) -> x @ W.T` and keep their buffers."""
 
-    def __init__(self, fallback: LinearMethod, max_m: int) -> None:
+    def __init__(self, fallback: LinearMethod | None, max_m: int) -> None:
+        """fallback None: no dense path (an int8-group head computes large calls itself)."""
         super().__init__()
         self.fallback = fallback
         self.max_m = max_m
+        if fallback is not None and fallback.gated_act_mul is not None:
+            # the fallback's fused path, for the calls past max_m rows it serves
+            self.gated_act_mul = self._gated_past_kernel
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -144,5 +148,5 @@ class SmallBatchQuantized(LinearMethod):
         y = self.small(x.contiguous())
         return y + bias if bias is not None else y
 
-    def gated_act_mul(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+    def _gated_past_kernel(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
         return self.fallback.gated_act_mul(x, gelu) if x.shape[0] > self.max_m else None
