@@ -11,7 +11,7 @@ An extend batch's trailing one-token rows (a MIXED batch's running decodes) are 
 they take the decode path in one call, the rows before them the per-request loop.
 A TARGET_VERIFY batch (speculative verify), with the kernel, writes its K/V into the pool
 and then runs every token as a decode row of length position + 1 (row j of a request sees
-its prefix and drafts 0..j: the causal mask) in one kernel call per layer; `verify_kernel`
+its prefix and drafts 0..j: the causal mask), both in one kernel call per layer; `verify_kernel`
 False sends it through the extend loop instead.
 """
 
@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.attention.base import AttentionBackend
-from radixlm.cpu_kernels.ops import (decode_attention_with_kv_write, paged_decode_attention,
-                                     paged_decode_attention_eager)
+from radixlm.cpu_kernels.ops import decode_attention_with_kv_write, paged_decode_attention
 
 if TYPE_CHECKING:
     from radixlm.attention.radix_attention import RadixAttention
@@ -199,13 +198,12 @@ class TorchAttentionBackend(AttentionBackend):
     def _verify_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      layer: "RadixAttention", fb: "ForwardBatch") -> torch.Tensor:
         """A TARGET_VERIFY batch: all its K/V into the pool first (row j reads rows
-        0..j-1's), then each token as a decode row of its own length."""
-        pool = fb.token_to_kv_pool
-        pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+        0..j-1's), then each token as a decode row of its own length, in one kernel call."""
         md = self.verify_md
-        return paged_decode_attention_eager(q, *pool.get_kv(layer.layer_id),
-                                            fb.req_to_token_pool.req_to_token, md.rows,
-                                            md.lens, layer.scaling, layer.sliding_window or 0)
+        return decode_attention_with_kv_write(
+            q, k, v, *fb.token_to_kv_pool.get_kv(layer.layer_id), fb.out_cache_loc,
+            fb.req_to_token_pool.req_to_token, md.rows, md.lens, layer.scaling,
+            layer.sliding_window or 0, kv_first=True)
 
     def _decode_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      layer: "RadixAttention", fb: "ForwardBatch", loc: torch.Tensor,

@@ -12,6 +12,9 @@
 //                set_kv fused in: each task writes the row of its own (request, KV head),
 //                the only one it then reads at position L - 1, so no task reads a row
 //                another task writes)
+//   kv_first     write every row of k/v before any task attends (one serial pass): for
+//                rows that read each other's K/V, as a speculative verify's rows of one
+//                request do (row j sees the drafts of rows 0..j-1)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
@@ -333,7 +336,7 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
                  const torch::Tensor& r2t, const torch::Tensor& rows, const torch::Tensor& lens,
                  torch::Tensor& out, float scale, int64_t window,
                  const c10::optional<torch::Tensor>& k, const c10::optional<torch::Tensor>& v,
-                 const c10::optional<torch::Tensor>& loc) {
+                 const c10::optional<torch::Tensor>& loc, bool kv_first) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
   KvWrite<q_t> kv;
   if (k.has_value()) {
@@ -342,6 +345,17 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
   }
   const auto run = [&](auto* kv_tag) {
     using kv_t = std::remove_pointer_t<decltype(kv_tag)>;
+    if (kv_first && kv.k != nullptr) {  // every row written, then no task writes
+      kv_t* kb = k_buf.data_ptr<kv_t>();
+      kv_t* vb = v_buf.data_ptr<kv_t>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < KVH; ++h) {
+          const int64_t slot = kv.loc[b];
+          write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+          write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+        }
+      kv = KvWrite<q_t>{};
+    }
     const auto go = [&](auto dc) {
       constexpr int DC = decltype(dc)::value;
       // bf16 KV: the block kernel with the group fused (GC) was 1.27-1.51x the row kernel
@@ -385,7 +399,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
                                      torch::Tensor lens, double scale, int64_t window,
                                      c10::optional<torch::Tensor> k,
                                      c10::optional<torch::Tensor> v,
-                                     c10::optional<torch::Tensor> loc) {
+                                     c10::optional<torch::Tensor> loc, bool kv_first) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(),
               "paged_decode_attention: q [B, H, D], k/v [S, KVH, D]");
   TORCH_CHECK(q.size(1) % k_buf.size(1) == 0 && q.size(2) == k_buf.size(2),
@@ -416,9 +430,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
   auto out = torch::empty_like(qc);
   const float s = static_cast<float>(scale);
   switch (q.scalar_type()) {
-    case at::kFloat: dispatch_kv<float>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
-    case at::kBFloat16: dispatch_kv<c10::BFloat16>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
-    case at::kHalf: dispatch_kv<c10::Half>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc); break;
+    case at::kFloat: dispatch_kv<float>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc, kv_first); break;
+    case at::kBFloat16: dispatch_kv<c10::BFloat16>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc, kv_first); break;
+    case at::kHalf: dispatch_kv<c10::Half>(qc, k_buf, v_buf, req_to_token, rc, lc, out, s, window, k, v, loc, kv_first); break;
     default: TORCH_CHECK(false, "paged_decode_attention: q dtype ", q.scalar_type());
   }
   return out;
@@ -429,5 +443,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Decode attention over the paged KV pool (see the file's header).", py::arg("q"),
         py::arg("k_buf"), py::arg("v_buf"), py::arg("req_to_token"), py::arg("rows"),
         py::arg("lens"), py::arg("scale"), py::arg("window") = 0, py::arg("k") = py::none(),
-        py::arg("v") = py::none(), py::arg("loc") = py::none());
+        py::arg("v") = py::none(), py::arg("loc") = py::none(), py::arg("kv_first") = false);
 }

@@ -25,22 +25,16 @@ def decode_attention_with_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                    k_buf: torch.Tensor, v_buf: torch.Tensor,
                                    loc: torch.Tensor, req_to_token: torch.Tensor,
                                    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                                   scale: float, window: int = 0) -> torch.Tensor:
+                                   scale: float, window: int = 0,
+                                   kv_first: bool = False) -> torch.Tensor:
     """Eager only: writes the step's k/v [B, KVH, D] into k_buf/v_buf at slots `loc` [B]
-    (the pool's set_kv), then `paged_decode_attention`, in one call of the kernel."""
+    (the pool's set_kv), then `paged_decode_attention`, in one call of the kernel.
+    kv_first: all rows are written before any attends (rows that read each other's K/V:
+    a verify batch's rows, several per request); else each row's write is fused into
+    its own task."""
     return load_kernel("decode_attention").paged_decode_attention(
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window, k, v, loc)
-
-
-def paged_decode_attention_eager(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                                 req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                                 seq_lens: torch.Tensor, scale: float,
-                                 window: int = 0) -> torch.Tensor:
-    """`paged_decode_attention` called straight (eager only, no op dispatch): for rows
-    whose K/V the caller has already written, e.g. a verify batch's rows, several per
-    request (row j of a request reads what rows 0..j-1 wrote, so no fused write)."""
-    return load_kernel("decode_attention").paged_decode_attention(
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window)
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window, k, v, loc,
+        kv_first)
 
 
 @torch.library.custom_op("radixlm::paged_decode_attention", mutates_args=(), device_types="cpu")

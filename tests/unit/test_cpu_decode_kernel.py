@@ -35,6 +35,30 @@ def _reference(q, k_buf, v_buf, req_to_token, rows, lens, scale, window=0):
     return out
 
 
+@pytest.mark.parametrize("act,pool", [(torch.bfloat16, torch.bfloat16),
+                                      (torch.float32, torch.bfloat16)])
+def test_kv_first_writes_every_row_before_any_attends(act, pool):
+    """kv_first: rows of one request at consecutive positions (a verify's newest token and
+    drafts) each see the K/V the rows before them write in the same call, exactly as if
+    the pool's set_kv had written them all first."""
+    heads, kvh, d, n = 6, 2, 64, 5
+    q1, k_buf, v_buf, r2t, rows1, lens1 = _case(2, heads, kvh, d, pool, 40, seed=11)
+    row, base = rows1[1:2], 30  # the second request: positions base .. base + n - 1 are new
+    rows, lens = row.repeat(n), torch.arange(base + 1, base + n + 1)
+    loc = r2t[row.item(), base:base + n].long()
+    g = torch.Generator().manual_seed(12)
+    q = (2 * torch.randn(n, heads, d, generator=g)).to(act)
+    k = torch.randn(n, kvh, d, generator=g).to(act)
+    v = torch.randn(n, kvh, d, generator=g).to(act)
+    k_ref, v_ref = k_buf.clone(), v_buf.clone()
+    k_ref[loc], v_ref[loc] = k.to(pool), v.to(pool)
+    ref = paged_decode_attention(q, k_ref, v_ref, r2t, rows, lens, 0.125)
+    out = decode_attention_with_kv_write(q, k, v, k_buf, v_buf, loc, r2t, rows, lens, 0.125,
+                                         kv_first=True)
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def _case(b: int, heads: int, kvh: int, d: int, dtype: torch.dtype, max_len: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     slots_total = b * max_len + 1
