@@ -1,17 +1,19 @@
 """How much lookup drafting can gain on a workload, from the greedy outputs themselves.
 
     python scripts/spec_ceiling.py [--model M] [--max-tokens 256] [--k 4]
-                                   [--verify-cost 1:1.19,2:1.25,3:1.30,4:1.36,7:1.76]
+                                   [--verify-cost 1:1.12,2:1.18,3:1.24,4:1.36,7:1.64]
 
 Greedy outputs are the same with speculation on or off, so the steps a drafter saves
 can be counted offline: generate `radixlm bench spec`'s copy-heavy prompts, its
 repeat-chat turns (the first answer: text written anew) and its random prompts once
 without speculation, then replay each output token by token against
 
-    ngram k        the engine's NGRAM drafter (the class the server runs, default
-                   n-gram sizes, drafts of k; its adaptive off-switch not applied, which
-                   only ever drafts less);
-    ngram k=16     the same with 16 drafts;
+    ngram k        the engine's NGRAM drafter (the class the server runs, default n-gram
+                   sizes) under its per-request controller (adaptive.py), drafts up to k;
+    ngram k always the same drafter at a fixed k, no controller (k=16: 16 drafts);
+    ngram min=1    with 1-token suffixes looked up too;
+    2 branches     the two latest distinct continuations of the longest matching suffix,
+                   3 tokens each, verified in one step (what a draft tree would add);
     any lookup     an oracle: at each step the longest continuation of the output that
                    occurs anywhere in the prompt or the output so far, of any length
                    (what the best possible prompt-lookup drafter could propose).
@@ -61,19 +63,46 @@ def longest_copy(out: list[int], t: int, history: list[int]) -> int:
 def replay(prompt: list[int], out: list[int], propose, k: int,
            adaptive: AdaptiveDraft | None = None) -> list[tuple[int, int]]:
     """(drafted, accepted) per step when `propose(tokens, t, budget)` drafts before each
-    step, its budget k or the adaptive controller's."""
+    step's budget k or the adaptive controller's. `propose` may return several candidate
+    continuations (a list of lists: branches verified in one step, drafted = their total
+    length, the longest accepted one taken)."""
     steps, t = [], 0
     while t < len(out):
         budget = adaptive.budget(len(steps) + 1) if adaptive is not None else k
-        draft = propose(prompt + out[:t], t, budget)[:budget] if budget > 0 else []
+        got = propose(prompt + out[:t], t, budget) if budget > 0 else []
+        branches = got if got and isinstance(got[0], list) else [got]
+        branches = [b[:budget] for b in branches if b]
         acc = 0
-        while acc < len(draft) and t + acc < len(out) - 1 and draft[acc] == out[t + acc]:
-            acc += 1
-        if draft and adaptive is not None:
-            adaptive.record(len(steps) + 1, len(draft), acc)
-        steps.append((len(draft), acc))
+        for draft in branches:
+            a = 0
+            while a < len(draft) and t + a < len(out) - 1 and draft[a] == out[t + a]:
+                a += 1
+            acc = max(acc, a)
+        drafted = sum(len(b) for b in branches)
+        if drafted and adaptive is not None:
+            adaptive.record(len(steps) + 1, drafted, acc)
+        steps.append((drafted, acc))
         t += acc + 1
     return steps
+
+
+def suffix_branches(tokens: list[int], k: int, n_branches: int, ngram_min: int = 2,
+                    ngram_max: int = 5) -> list[list[int]]:
+    """Up to n_branches distinct continuations (k tokens each) of the longest suffix of
+    `tokens` (ngram_max down to ngram_min) found earlier in them, the latest first: the
+    candidates a draft tree would verify together."""
+    out: list[list[int]] = []
+    n_tok = len(tokens)
+    for n in range(min(ngram_max, n_tok - 1), ngram_min - 1, -1):
+        suffix = tokens[n_tok - n:]
+        for e in range(n_tok - 1, n - 1, -1):
+            if tokens[e - n:e] == suffix and (c := tokens[e:e + k]) not in out:
+                out.append(c)
+                if len(out) == n_branches:
+                    return out
+        if out:
+            return out
+    return out
 
 
 def cost(steps: list[tuple[int, int]], verify_cost: dict[int, float] | None) -> float:
@@ -92,7 +121,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--verify-cost", default="1:1.19,2:1.25,3:1.30,4:1.36,7:1.76",
+    ap.add_argument("--verify-cost", default="1:1.12,2:1.18,3:1.24,4:1.36,7:1.64",
                     help="K:C,... a verify of K drafts costs C decode steps")
     ap.add_argument("--outputs", default=None,
                     help="JSON file of the generated cases: read if it exists, else written")
@@ -159,6 +188,8 @@ def report(cases: list, k: int, vc: dict[int, float]) -> None:
         f"ngram k={k} always": (lambda out: ngram(), k, None),
         "ngram k=16 always": (lambda out: ngram(), 16, None),
         f"ngram min=1 k={k}": (lambda out: ngram(1), k, lambda: AdaptiveDraft(k)),
+        "2 branches k=3": (lambda out: lambda tokens, t, b: suffix_branches(tokens, 3, 2),
+                           3, None),
         "any lookup": (oracle, 10**6, None),
     }
 
