@@ -11,8 +11,8 @@ An extend batch's trailing one-token rows (a MIXED batch's running decodes) are 
 they take the decode path in one call, the rows before them the per-request loop.
 A TARGET_VERIFY batch (speculative verify), with the kernel, writes its K/V into the pool
 and then runs every token as a decode row of length position + 1 (row j of a request sees
-its prefix and drafts 0..j: the causal mask), both in one kernel call per layer; `verify_kernel`
-False sends it through the extend loop instead.
+its prefix and drafts 0..j: the causal mask), both in one kernel call per layer;
+`verify_kernel` False sends it through the extend loop instead.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ def test_kv_first_writes_every_row_before_any_attends(act, pool):
     drafts) each see the K/V the rows before them write in the same call, exactly as if
     the pool's set_kv had written them all first."""
     heads, kvh, d, n = 6, 2, 64, 5
-    q1, k_buf, v_buf, r2t, rows1, lens1 = _case(2, heads, kvh, d, pool, 40, seed=11)
-    row, base = rows1[1:2], 30  # the second request: positions base .. base + n - 1 are new
+    _, k_buf, v_buf, r2t, rows_two, _ = _case(2, heads, kvh, d, pool, 40, seed=11)
+    row, base = rows_two[1:2], 30  # the second request: positions base .. base + n - 1 are new
     rows, lens = row.repeat(n), torch.arange(base + 1, base + n + 1)
     loc = r2t[row.item(), base:base + n].long()
     g = torch.Generator().manual_seed(12)
