@@ -63,9 +63,9 @@ def longest_copy(out: list[int], t: int, history: list[int]) -> int:
 def replay(prompt: list[int], out: list[int], propose, k: int,
            adaptive: AdaptiveDraft | None = None) -> list[tuple[int, int]]:
     """(drafted, accepted) per step when `propose(tokens, t, budget)` drafts before each
-    step's budget k or the adaptive controller's. `propose` may return several candidate
-    continuations (a list of lists: branches verified in one step, drafted = their total
-    length, the longest accepted one taken)."""
+    step within its budget (k, or the adaptive controller's). `propose` may return several
+    candidate continuations (a list of lists: branches verified in one step, drafted =
+    their total length, the longest accepted one taken)."""
     steps, t = [], 0
     while t < len(out):
         budget = adaptive.budget(len(steps) + 1) if adaptive is not None else k
