@@ -33,7 +33,8 @@ import os
 import random
 from dataclasses import dataclass
 
-from radixlm.bench.spec import CHAT_QUESTIONS, COPY_PROMPTS, REPEAT_ASK, _random_prompt
+from radixlm.bench.spec import (CHAT_QUESTIONS, COPY_PROMPTS, REPEAT_ASK, SpecBenchConfig,
+                                random_words_prompt)
 from radixlm.engine import Engine
 from radixlm.speculative.adaptive import AdaptiveDraft
 from radixlm.speculative.ngram import NgramDrafter
@@ -162,9 +163,10 @@ def generate(model: str | None, max_tokens: int) -> list[tuple[str, list[int], l
         cases.append((f"repeat-chat {i}", ids, engine.generate(ids, params)["output_ids"]))
         # The first answer: text the model writes anew (what drafting must not slow down).
         cases.append((f"first-answer {i}", chat(msgs[:1]), first["output_ids"]))
-    rng = random.Random(0)  # bench spec's random workload (its seed 0, 4 prompts)
-    for i in range(4):
-        ids = chat([{"role": "user", "content": _random_prompt(rng)}])
+    spec = SpecBenchConfig()  # bench spec's random workload at its defaults
+    rng = random.Random(spec.seed)
+    for i in range(spec.random_prompts):
+        ids = chat([{"role": "user", "content": random_words_prompt(rng)}])
         cases.append((f"random {i}", ids, engine.generate(ids, params)["output_ids"]))
     engine.shutdown()
     return cases
@@ -202,11 +204,11 @@ def report(cases: list, k: int, vc: dict[int, float]) -> None:
             steps = replay(prompt, out, make(out), kk, ad() if ad else None)
             copied = sum(a for _, a in steps)
             drafted = sum(1 for d, _ in steps if d)
+            paid, free = cost(steps, vc), cost(steps, None)
             print(f"{name:<14}{len(out):>5}  {label:<20}{len(steps):>6}{drafted:>8}"
-                  f"{copied / len(out):>8.0%}{len(out) / cost(steps, vc):>8.2f}x"
-                  f"{len(out) / cost(steps, None):>6.2f}x")
+                  f"{copied / len(out):>8.0%}{len(out) / paid:>8.2f}x{len(out) / free:>6.2f}x")
             tot = totals.setdefault((name.rsplit(" ", 1)[0], label), [0, 0, 0, 0])
-            for i, v in enumerate((len(out), copied, cost(steps, vc), cost(steps, None))):
+            for i, v in enumerate((len(out), copied, paid, free)):
                 tot[i] += v
     print("whole workloads (as `radixlm bench spec` times them: tokens / cost over its cases)")
     for (work, label), (n, copied, c, free) in totals.items():

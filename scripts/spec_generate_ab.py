@@ -33,7 +33,7 @@ import time
 import torch
 
 from radixlm import SamplingParams
-from radixlm.bench.spec import COPY_PROMPTS, _random_prompt
+from radixlm.bench.spec import COPY_PROMPTS, random_words_prompt
 from radixlm.engine import Engine
 from radixlm.speculative.stats import SpecStats
 
@@ -66,7 +66,7 @@ def main() -> None:
                                                   tokenize=False, add_generation_prompt=True),
                           add_special_tokens=False)
                for p in (COPY_PROMPTS if args.workload == "copy" else
-                         [_random_prompt(random.Random(i)) for i in range(3)])]
+                         [random_words_prompt(random.Random(i)) for i in range(3)])]
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=0.0)
     eng.generate(prompts[0], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm up
     rates: dict[str, list[float]] = {v: [] for v in variants}

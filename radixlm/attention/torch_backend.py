@@ -98,6 +98,12 @@ def prefix_free_runs(prefix_lens: list[int], ext_lens: list[int]) -> list[tuple[
     return runs
 
 
+def _run_blocks(x: torch.Tensor, off: int, n: int, ext: int) -> torch.Tensor:
+    """Tokens [off, off + n * ext) of x [T, heads, d] as n requests' blocks
+    [n, heads, ext, d] (a view)."""
+    return x[off:off + n * ext].view(n, ext, *x.shape[1:]).transpose(1, 2)
+
+
 @dataclass
 class _VerifyMetadata:
     # Per flat token t of a TARGET_VERIFY batch: its request's req_to_token row and the
@@ -267,13 +273,10 @@ class TorchAttentionBackend(AttentionBackend):
             if mask is None and own:
                 ext = md.kv_indices[first].shape[0]  # no prefix: its whole sequence
                 end = off + n * ext
-
-                def blocks(x: torch.Tensor) -> torch.Tensor:  # [n, x heads, ext, d]
-                    return x[off:end].view(n, ext, *x.shape[1:]).transpose(1, 2)
-
-                oi = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v),
-                                                    is_causal=True, scale=layer.scaling,
-                                                    enable_gqa=gqa)
+                oi = F.scaled_dot_product_attention(
+                    _run_blocks(q, off, n, ext), _run_blocks(k, off, n, ext),
+                    _run_blocks(v, off, n, ext), is_causal=True, scale=layer.scaling,
+                    enable_gqa=gqa)
                 out[off:end] = oi.transpose(1, 2).reshape(end - off, *q.shape[1:])
                 continue
             for i in range(first, first + n):

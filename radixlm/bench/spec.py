@@ -99,7 +99,8 @@ class SpecBenchConfig:
     llama_server: str | None = None  # its binary (None: find_llama_server's search)
 
 
-def _random_prompt(rng: random.Random) -> str:
+def random_words_prompt(rng: random.Random) -> str:
+    """The random workload's prompt: a list of 40 common words drawn by `rng`."""
     return "Continue this list of words: " + " ".join(rng.choice(WORDS) for _ in range(40))
 
 
@@ -185,14 +186,14 @@ def _delta(after: dict | None, before: dict | None) -> dict | None:
 
 def _workloads(cfg: SpecBenchConfig):
     rng = random.Random(cfg.seed)
-    randoms = [_random_prompt(rng) for _ in range(cfg.random_prompts)]
+    randoms = [random_words_prompt(rng) for _ in range(cfg.random_prompts)]
     yield "copy-heavy", lambda b: _sequential(
         b, [[{"role": "user", "content": p}] for p in COPY_PROMPTS], cfg.max_tokens)
     yield "repeat-chat", lambda b: _repeat_chat(b, cfg.max_tokens)
     yield "random", lambda b: _sequential(
         b, [[{"role": "user", "content": p}] for p in randoms], cfg.max_tokens)
     for s in cfg.streams:
-        many = [_random_prompt(rng) for _ in range(2 * s)]
+        many = [random_words_prompt(rng) for _ in range(2 * s)]
         yield f"random x{s} streams", (lambda b, s=s, many=many: _concurrent(
             b, many, s, cfg.stream_max_tokens))
 
@@ -208,6 +209,12 @@ def start_order(configs: list[str | None], starts: int) -> list[tuple[int, str |
 
 def is_llama(conf: str | None) -> bool:
     return bool(conf) and conf.split(":")[0] == LLAMA
+
+
+def baseline(conf: str) -> str:
+    """The configuration a ratio is taken against: llama-server's plain decoding for its
+    own configurations, radixlm's off for the others."""
+    return f"{LLAMA}:none" if is_llama(conf) else "off"
 
 
 def server_spec(cfg: SpecBenchConfig, conf: str | None) -> ServerSpec:
@@ -249,7 +256,7 @@ def llama_configs(entries: tuple[str, ...]) -> list[str]:
     """--llama-server-spec entries as configuration names, llama-server's plain decoding
     (its baseline) first."""
     names = [f"{LLAMA}:{e}" for e in entries if e.split(":")[0] != "none"]
-    return [f"{LLAMA}:none", *names] if entries else []
+    return [baseline(LLAMA), *names] if entries else []
 
 
 def config_args(alg: str | None) -> dict[str, Any]:
@@ -316,14 +323,13 @@ def spec_table(record: dict[str, Any]) -> str:
     rows = []
     for (work, conf), rs in groups.items():
         sp = _summed([r["spec"] for r in rs])
-        off = med.get((work, f"{LLAMA}:none" if is_llama(conf) else "off"))
+        off = med.get((work, baseline(conf)))
         rates = [r["tok_s"] for r in rs]
         spread = f"{min(rates):.1f}-{max(rates):.1f}" if len(rs) > 1 else ""
         rows.append([work, conf, len(rs), round(med[(work, conf)], 2), spread,
                      round(med[(work, conf)] / off, 3) if off else "",
                      sp["mean_acceptance_length"] or "", sp["accepted"] or "",
                      sp["drafted"] or "", round(statistics.median(r["loadavg"] for r in rs), 2)])
-    rows.sort(key=lambda row: (row[0], is_llama(row[1]), row[1] not in ("off", f"{LLAMA}:none"),
-                               row[1]))
+    rows.sort(key=lambda row: (row[0], is_llama(row[1]), row[1] != baseline(row[1]), row[1]))
     return format_table(["workload", "config", "starts", "tok/s (median)", "spread",
                          "x off", "accept len", "accepted", "drafted", "load"], rows)

@@ -92,6 +92,15 @@ inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
   for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
 }
 
+// The step's K and V rows of (request b, KV head h) into the pool at slot loc[b].
+template <typename q_t, typename kv_t>
+inline void write_kv(const KvWrite<q_t>& kv, int64_t b, int64_t h, int64_t KVH, int64_t D,
+                     kv_t* kb, kv_t* vb) {
+  const int64_t slot = kv.loc[b];
+  write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
+  write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
+}
+
 // A task's start, shared by both kernels: the step's K/V row of (b, h) written into the
 // pool (the fused write), and the visible positions [first, lens[b]) (all, or the last
 // `window`): returns their slots, *L their count.
@@ -100,11 +109,7 @@ inline const int32_t* begin_task(int64_t b, int64_t h, int64_t KVH, int64_t D, k
                                  kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
                                  const int64_t* rows, const int64_t* lens, int64_t window,
                                  const KvWrite<q_t>& kv, int64_t* L) {
-  if (kv.k != nullptr) {
-    const int64_t slot = kv.loc[b];
-    write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
-    write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
-  }
+  if (kv.k != nullptr) write_kv(kv, b, h, KVH, D, kb, vb);
   const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
   *L = lens[b] - first;
   return r2t + rows[b] * r2t_stride + first;
@@ -349,11 +354,7 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
       kv_t* kb = k_buf.data_ptr<kv_t>();
       kv_t* vb = v_buf.data_ptr<kv_t>();
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < KVH; ++h) {
-          const int64_t slot = kv.loc[b];
-          write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
-          write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
-        }
+        for (int64_t h = 0; h < KVH; ++h) write_kv(kv, b, h, KVH, D, kb, vb);
       kv = KvWrite<q_t>{};
     }
     const auto go = [&](auto dc) {

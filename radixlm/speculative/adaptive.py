@@ -10,8 +10,8 @@ up to `MAX_PAUSE`; a probe that accepts restores the first pause). Its draft len
 starts at the configured maximum, drops by one after a verify that accepted nothing and
 grows by one after one that accepted everything (never below 1, never above the maximum).
 So a request whose drafts are never accepted verifies 3 times from k = 4 (k shrinking),
-then once per pause (4, 8, 16, ... 64 steps). Invariants: only the budget changes; outputs do not
-depend on it. Why these numbers: docs/speculative.md, "Adaptive drafting".
+then once per pause (4, 8, 16, ... 64 steps). Invariants: only the budget changes; outputs
+do not depend on it. Why these numbers: docs/speculative.md, "Adaptive drafting".
 """
 
 from __future__ import annotations
