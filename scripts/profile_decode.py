@@ -1,8 +1,9 @@
-"""Where a decode step's time goes: py-spy samples `radixlm bench one-batch` (native
-frames included) and this script sorts the samples of the stepping thread into
+"""Where a decode (or prefill) step's time goes: py-spy samples `radixlm bench one-batch`
+(native frames included) and this script sorts the samples of the stepping thread into
 categories by the frames they contain.
 
     python scripts/profile_decode.py --batch-size 32 [--decode-steps 64] [-- --dtype ...]
+    python scripts/profile_decode.py --phase prefill --batch-size 32 --decode-steps 1
 
 Prints the share of samples per category (the GEMMs by kernel, the C++ kernels by name,
 the torch ops the model dispatches, sampling, the scheduler's Python) for the decode
@@ -42,16 +43,16 @@ CATEGORIES = [
 ]
 
 
-def decode_call_frame() -> str:
-    """The end of py-spy's name for the frame of time_one_batch's decode `engine.step()`
-    (the second step() call in it; the first is the prefill)."""
+def step_call_frame(phase: str = "decode") -> str:
+    """The end of py-spy's name for the frame of time_one_batch's `engine.step()` of that
+    phase (the first step() call in it is the prefill, the second the decode steps)."""
     import inspect
 
     from radixlm.bench import one_batch
 
     lines, first = inspect.getsourcelines(one_batch.time_one_batch)
     calls = [first + i for i, text in enumerate(lines) if "engine.step()" in text]
-    return f"one_batch.py:{calls[1]})"
+    return f"one_batch.py:{calls[1 if phase == 'decode' else 0]})"
 
 
 def categorize(stack: str) -> str:
@@ -72,6 +73,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                    help="the steps to sort: decode (default) or the batch's prefill")
     ap.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
     ap.add_argument("--raw", help="keep py-spy's raw samples here (with --reuse: read them)")
     ap.add_argument("--reuse", action="store_true", help="analyse --raw without recording")
@@ -96,7 +99,7 @@ def record(a: argparse.Namespace, raw: str) -> None:
 
 
 def report(a: argparse.Namespace, raw: str) -> None:
-    mark = decode_call_frame()
+    mark = step_call_frame(a.phase)
     shown: collections.Counter[str] = collections.Counter()
     counts: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
@@ -104,7 +107,7 @@ def report(a: argparse.Namespace, raw: str) -> None:
     with open(raw) as f:
         for line in f:
             stack, _, n = line.rstrip().rpartition(" ")
-            # Only the decode steps: inside time_one_batch's second engine.step().
+            # Only the phase's steps: inside that engine.step() call of time_one_batch.
             if mark not in stack or not n.isdigit():
                 continue
             inner = stack[stack.index(mark):]
@@ -115,7 +118,7 @@ def report(a: argparse.Namespace, raw: str) -> None:
                 leaves[inner.split(";")[-1]] += k
             if a.show and c.startswith(a.show):
                 shown[";".join(f.split(" (")[0] for f in inner.split(";")[-12:])] += k
-    print(f"decode-step samples: {total} (batch {a.batch_size})")
+    print(f"{a.phase}-step samples: {total} (batch {a.batch_size})")
     for c, k in counts.most_common():
         print(f"  {100 * k / max(total, 1):5.1f}%  {c}")
     print("hottest leaf frames outside the named kernels:")

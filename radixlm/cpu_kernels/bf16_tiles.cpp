@@ -19,12 +19,18 @@
 // act(gate) * up [M, H] instead of [gate | up] [M, 2H]: rounded exactly as the unfused
 // GEMM followed by norm_rope.cpp's act_mul (gate and up to bf16, act(gate) to bf16, the
 // product to bf16; activations.h), without the [M, 2H] round trip through memory.
+// bf16_tiles_q4_matmul / _gated: the same for a 4-bit weight in the int4_bf16 layout
+// (int4_chunks.h), each group dequantized per call into the B tile pack_tiles makes of
+// its dense bf16 copy (equal outputs, bit for bit), the next group's dequantization
+// overlapping this group's tile products: 0.75 B/weight read instead of 2, 1.1-1.2x at
+// 9-32 rows (docs/benchmarks.md, "4-bit groups dequantized into AMX tiles").
 // Built only where the compiler targets AMX-BF16; bf16_tiles_path() says whether the OS
 // grants the tile state (0: callers keep oneDNN).
 #include "torch_api.h"
 #include "prefetch.h"
 #include "amx_tiles.h"
 #include "activations.h"
+#include "int4_chunks.h"
 
 #include <immintrin.h>
 
@@ -44,6 +50,8 @@ constexpr int kBlockN = 16;
 constexpr int64_t kTile = 16 * 32;  // bf16 per B tile
 constexpr int kUnitRows = 32;       // rows of x per tile pass (2 A tiles)
 constexpr int64_t kRowChunk = 256;  // rows per pass over a thread's units (x in L2)
+// The same for 4-bit weights, whose tiles are dequantized once per unit and row chunk.
+constexpr int64_t kQ4RowChunk = 1024;
 constexpr int kResStride = 2 * kBlockN;
 
 #if RADIXLM_BF16_TILES
@@ -107,13 +115,86 @@ void pass_partial(const uint16_t* xa, int64_t K, const uint16_t* w0, const uint1
   }
 }
 
+// A 4-bit block of 16 channels in the int4_bf16 layout (int4_chunks.h): q its K / 8
+// chunks (group g's four at 256 g), d and m [groups, 16] float32.
+struct Q4Block {
+  const uint8_t* q;
+  const float* d;
+  const float* m;
+};
+
+// Group g of block b as the B tile pack_tiles makes of the dense weight: each w = d q + m
+// in float32 (the product exact: an 11-17 bit d times a 4-bit q; the sum rounded once, as
+// Int4Groups.dequantize) rounded to bf16 (nearest-even, as a cast; subnormal values flush
+// to zero). From the lanes' 128 + q: with ExactC (c = m - 128 d exact in float32 for every
+// group of the weight, checked at load) one FMA (128 + q) d + c, the same single rounding
+// of q d + m; else (128 + q) d - 128 d (the exact q d), then + m.
+template <bool ExactC>
+inline void dequantize_group(const Q4Block& b, int64_t g, uint16_t* tile) {
+  const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // lane 2 j <- lane j (the even columns' bf16), lane 2 j + 1 <- lane 16 + j (the odd's)
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+  prefetch_ahead(b.d + g * kBlockN, kPrefetchBytes / 4);
+  prefetch_ahead(b.m + g * kBlockN, kPrefetchBytes / 4);
+  const __m512 d = _mm512_loadu_ps(b.d + g * kBlockN), m = _mm512_loadu_ps(b.m + g * kBlockN);
+  const __m512 d128 = _mm512_mul_ps(d, _mm512_set1_ps(128.f));
+  const __m512 c = _mm512_sub_ps(m, d128);
+  for (int ch = 0; ch < 4; ++ch) {
+    __m512i w[4];
+    unpack_chunk(b.q + g * 256 + 64 * ch, w);
+    for (int r = 0; r < 4; ++r) {  // 32-bit lane j: channel j's (even, odd) column pair
+      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(w[r], 16));
+      const __m512 odd_v = _mm512_castsi512_ps(_mm512_and_si512(w[r], odd));
+      __m512 ve, vo;
+      if constexpr (ExactC) {
+        ve = _mm512_fmadd_ps(even, d, c);
+        vo = _mm512_fmadd_ps(odd_v, d, c);
+      } else {
+        ve = _mm512_add_ps(_mm512_fmsub_ps(even, d, d128), m);
+        vo = _mm512_add_ps(_mm512_fmsub_ps(odd_v, d, d128), m);
+      }
+      const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(vo, ve);
+      _mm512_storeu_si512(tile + 32 * (4 * ch + r), _mm512_permutexvar_epi16(pairs, h));
+    }
+  }
+}
+
+// The first 32-row pass of a 4-bit unit (NB blocks, r1 rows in A tile 1): each group's B
+// tiles dequantized into t0 / t1 (a thread's scratch, every group's tile kept for the
+// unit's later passes), then multiplied; the vector units dequantize group g + 1 while
+// the tile unit multiplies group g.
+template <int NB, bool ExactC>
+void pass_q4(const uint16_t* xa, int64_t K, const Q4Block (&w)[2], uint16_t* t0, uint16_t* t1,
+             int r1) {
+  const int64_t ng = K / kGroup;
+  for (int64_t g = 0; g < ng; ++g) {
+    dequantize_group<ExactC>(w[0], g, t0 + g * kTile);
+    if constexpr (NB > 1) dequantize_group<ExactC>(w[1], g, t1 + g * kTile);
+    _tile_loadd(0, xa + g * kGroup, K * 2);
+    _tile_loadd(2, t0 + g * kTile, 64);
+    _tile_dpbf16ps(4, 0, 2);
+    if (r1 > 0) {
+      _tile_loadd(1, xa + 16 * K + g * kGroup, K * 2);
+      _tile_dpbf16ps(6, 1, 2);
+    }
+    if constexpr (NB > 1) {
+      _tile_loadd(3, t1 + g * kTile, 64);
+      _tile_dpbf16ps(5, 0, 3);
+      if (r1 > 0) _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+}
+
 // One unit (NB = 1 or 2 blocks from b0) for R rows of x into res [R, kResStride], 32 rows
 // a pass. prefetch: the weight is read from memory in this call (the first row chunk);
 // configured: the tile shape this thread loaded last.
-// w0, w1: the unit's two blocks' tiles (w1 unused when NB = 1).
-template <int NB>
+// w0, w1: the unit's two blocks' tiles (w1 unused when NB = 1). With q4 (a 4-bit unit),
+// the first pass dequantizes them into w0, w1 (pass_q4) and later passes read them there.
+template <int NB, bool ExactC = false>
 void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const uint16_t* w1,
-              float* res, bool prefetch, int& configured) {
+              float* res, bool prefetch, int& configured, const Q4Block (*q4)[2] = nullptr) {
   constexpr int64_t rs = kResStride * 4;  // bytes per row of res
   for (int64_t m0 = 0; m0 < R; m0 += kUnitRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kUnitRows, R - m0));
@@ -129,7 +210,9 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const
       if constexpr (NB > 1) _tile_zero(7);
     }
     const uint16_t* xa = x + m0 * K;
-    if (NB > 1 && r1 > 0)
+    if (q4 != nullptr && m0 == 0)
+      pass_q4<NB, ExactC>(xa, K, *q4, const_cast<uint16_t*>(w0), const_cast<uint16_t*>(w1), r1);
+    else if (NB > 1 && r1 > 0)
       pass_2x2(xa, K, w0, w1, prefetch && m0 == 0);
     else
       pass_partial<NB>(xa, K, w0, w1, r1, prefetch && m0 == 0);
@@ -143,18 +226,34 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const
   }
 }
 
-// unit(u, c0, rows, res, configured) for every unit u of [0, units) and row chunk [c0, c0 +
-// rows) of [0, M): units spread over torch's threads, each thread's chunks in order (its
-// weight streamed from memory by the first chunk, from cache after), res the thread's
-// scratch of kRowChunk x kResStride floats, configured its last tile shape.
+// unit_dot for a 4-bit unit: its B tiles dequantized into the thread's scratch t
+// (2 x ng tiles).
+template <int NB>
+void unit_dot_q4(const uint16_t* x, int64_t R, int64_t K, const Q4Block (&w)[2], uint16_t* t,
+                 float* res, int& configured, bool exact_c) {
+  const uint16_t* t1 = t + (K / kGroup) * kTile;
+  if (exact_c)
+    unit_dot<NB, true>(x, R, K, t, t1, res, false, configured, &w);
+  else
+    unit_dot<NB, false>(x, R, K, t, t1, res, false, configured, &w);
+}
+
+// unit(u, c0, rows, res, configured, tiles) for every unit u of [0, units) and row chunk
+// [c0, c0 + rows) of [0, M): units spread over torch's threads, each thread's chunks in
+// order (its weight streamed from memory by the first chunk, from cache after), res the
+// thread's scratch of kRowChunk x kResStride floats, configured its last tile shape, tiles
+// its scratch of `tile_scratch` B tiles (the 4-bit entry points dequantize into it).
 template <typename Unit>
-void for_unit_chunks(int64_t M, int64_t units, const Unit& unit) {
+void for_unit_chunks(int64_t M, int64_t units, const Unit& unit, int64_t tile_scratch = 0,
+                     int64_t row_chunk = kRowChunk) {
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
+    std::vector<float> res(std::min(M, row_chunk) * kResStride);
+    std::vector<uint16_t> tiles(tile_scratch * kTile);
     int configured = -1;
-    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, M - c0);
-      for (int64_t u = begin; u < end; ++u) unit(u, c0, rows, res.data(), configured);
+    for (int64_t c0 = 0; c0 < M; c0 += row_chunk) {
+      const int64_t rows = std::min(row_chunk, M - c0);
+      for (int64_t u = begin; u < end; ++u)
+        unit(u, c0, rows, res.data(), configured, tiles.data());
     }
     _tile_release();
   });
@@ -216,17 +315,36 @@ int64_t bf16_tiles_path() {
 #endif
 }
 
-// The checks both entry points make (`what` names the caller): the tiles usable here, x
-// [M, K] bf16 contiguous with K a multiple of 32, w the packed tiles of N channels.
-static void check_operands(const torch::Tensor& x, const torch::Tensor& w, int64_t N,
-                           const char* what) {
+// x [M, K] bf16 contiguous with K a multiple of 32, and the tiles usable here (`what`
+// names the caller).
+static void check_x(const torch::Tensor& x, const char* what) {
   TORCH_CHECK(bf16_tiles_path() == 1, what, ": no AMX-BF16 tiles here");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
               what, ": x [M, K] bfloat16 contiguous");
   TORCH_CHECK(x.size(1) % kGroup == 0, what, ": K a multiple of 32");
+}
+
+// The bf16 entry points' checks: x, and w the packed tiles of N channels.
+static void check_operands(const torch::Tensor& x, const torch::Tensor& w, int64_t N,
+                           const char* what) {
+  check_x(x, what);
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() &&
                   w.numel() == (N + kBlockN - 1) / kBlockN * x.size(1) * kBlockN,
               what, ": w [ceil(N / 16), K / 32, 16, 32] bfloat16 contiguous");
+}
+
+// The 4-bit entry points' checks: x, and N channels in the int4_bf16 layout: q
+// [ceil(N / 16), K * 8] uint8, d and m [ceil(N / 16), K / 32, 16] float32.
+static void check_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                     const torch::Tensor& m, int64_t N, const char* what) {
+  check_x(x, what);
+  const int64_t nb = (N + kBlockN - 1) / kBlockN, K = x.size(1);
+  TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() && q.numel() == nb * K * 8,
+              what, ": q [ceil(N / 16), K * 8] uint8 contiguous");
+  for (const torch::Tensor* t : {&d, &m})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
+                    t->numel() == nb * (K / kGroup) * kBlockN,
+                what, ": d, m [ceil(N / 16), K / 32, 16] float32 contiguous");
 }
 
 torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
@@ -246,7 +364,7 @@ torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const int64_t block = (K / kGroup) * kTile;
   for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                            int& configured) {
+                                            int& configured, uint16_t*) {
     const int64_t b0 = 2 * u;
     const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
     const uint16_t* w0 = wp + b0 * block;
@@ -272,7 +390,7 @@ torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const int64_t units = H / kBlockN, block = (K / kGroup) * kTile;
   for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                int& configured) {
+                                int& configured, uint16_t*) {
     unit_dot<2>(xp + c0 * K, rows, K, wp + u * block, wp + (u + units) * block, res,
                 c0 == 0, configured);
     if (gelu)
@@ -280,6 +398,69 @@ torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool
     else
       write_gated<Silu>(res, rows, H, u, yp + c0 * H);
   });
+#endif
+  return y;
+}
+
+torch::Tensor bf16_tiles_q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d,
+                                   torch::Tensor m, int64_t N, c10::optional<torch::Tensor> bias,
+                                   bool exact_c) {
+  check_q4(x, q, d, m, N, "bf16_tiles_q4_matmul");
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N),
+              "bf16_tiles_q4_matmul: bias [N]");
+  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
+  const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
+  auto y = torch::empty({M, N}, x.options());
+#if RADIXLM_BF16_TILES
+  if (M == 0 || N == 0) return y;
+  const torch::Tensor bias_f = bias ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
+  const float* bp = bias ? bias_f.data_ptr<float>() : nullptr;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t qstride = K * kBlockN / 2, sstride = ng * kBlockN;
+  for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                            int& configured, uint16_t* tiles) {
+    const int64_t b0 = 2 * u;
+    const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
+    Q4Block w[2];
+    for (int b = 0; b < nb; ++b)
+      w[b] = {qp + (b0 + b) * qstride, dp + (b0 + b) * sstride, mp + (b0 + b) * sstride};
+    if (nb == 2)
+      unit_dot_q4<2>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
+    else
+      unit_dot_q4<1>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
+    write_unit(res, rows, N, b0, nb, bp, yp + c0 * N);
+  }, 2 * ng, kQ4RowChunk);
+#endif
+  return y;
+}
+
+torch::Tensor bf16_tiles_q4_gated(torch::Tensor x, torch::Tensor q, torch::Tensor d,
+                                  torch::Tensor m, int64_t H, bool gelu, bool exact_c) {
+  TORCH_CHECK(H > 0 && H % kBlockN == 0, "bf16_tiles_q4_gated: H a positive multiple of 16");
+  check_q4(x, q, d, m, 2 * H, "bf16_tiles_q4_gated");
+  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
+  auto y = torch::empty({M, H}, x.options());
+#if RADIXLM_BF16_TILES
+  if (M == 0) return y;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t units = H / kBlockN, qstride = K * kBlockN / 2, sstride = ng * kBlockN;
+  for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                int& configured, uint16_t* tiles) {
+    const Q4Block w[2] = {{qp + u * qstride, dp + u * sstride, mp + u * sstride},
+                          {qp + (u + units) * qstride, dp + (u + units) * sstride,
+                           mp + (u + units) * sstride}};  // the gate block, the up block
+    unit_dot_q4<2>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
+    if (gelu)
+      write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
+    else
+      write_gated<Silu>(res, rows, H, u, yp + c0 * H);
+  }, 2 * ng, kQ4RowChunk);
 #endif
   return y;
 }
@@ -293,5 +474,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
         "act(x @ Wg.T) * (x @ Wu.T) [M, H] for W = [Wg; Wu] packed as AMX B tiles; act: "
         "SiLU, or tanh-GELU with gelu=True (see the source).",
         py::arg("x"), py::arg("w"), py::arg("h"), py::arg("gelu") = false);
+  mod.def("bf16_tiles_q4_matmul", &bf16_tiles_q4_matmul,
+        "bf16_tiles_matmul for a 4-bit weight in the int4_bf16 layout (q, d, m), its B "
+        "tiles dequantized per call (see the source).",
+        py::arg("x"), py::arg("q"), py::arg("d"), py::arg("m"), py::arg("n"),
+        py::arg("bias") = py::none(), py::arg("exact_c") = false);
+  mod.def("bf16_tiles_q4_gated", &bf16_tiles_q4_gated,
+        "bf16_tiles_gated for a 4-bit [gate; up] weight in the int4_bf16 layout.",
+        py::arg("x"), py::arg("q"), py::arg("d"), py::arg("m"), py::arg("h"),
+        py::arg("gelu") = false, py::arg("exact_c") = false);
   mod.def("bf16_tiles_path", &bf16_tiles_path, "1: AMX-BF16 tiles usable here, 0: not.");
 }

@@ -31,6 +31,7 @@
 #include "torch_api.h"
 #include "prefetch.h"
 #include "bf16_rows.h"
+#include "int4_chunks.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -81,21 +82,6 @@ inline GroupScales group_scales(const float* dp, const float* cp, int64_t blk, i
   prefetch_ahead(cp + off, kPrefetchBytes / 4);
   const __m512 d = _mm512_loadu_ps(dp + off);
   return {d, _mm512_fnmadd_ps(_mm512_set1_ps(128.f), d, _mm512_loadu_ps(cp + off))};
-}
-
-// A 64-byte chunk of the layout (read kPrefetchBytes ahead) as its 4 registers of 32 bf16
-// lanes, each nibble q as 128 + q: the operands of 4 vdpbf16ps, or 4 rows of a B tile.
-inline void unpack_chunk(const uint8_t* src, __m512i (&w)[4]) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i hi43 = _mm512_set1_epi8(0x43);
-  prefetch_ahead(src);
-  const __m512i p = _mm512_loadu_si512(src);
-  const __m512i lo = _mm512_and_si512(p, low4);
-  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-  w[0] = _mm512_unpacklo_epi8(lo, hi43);
-  w[1] = _mm512_unpackhi_epi8(lo, hi43);
-  w[2] = _mm512_unpacklo_epi8(hi, hi43);
-  w[3] = _mm512_unpackhi_epi8(hi, hi43);
 }
 
 // NB blocks of 16 channels (starting at block b0) against MB rows (starting at m0);

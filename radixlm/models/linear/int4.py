@@ -2,12 +2,13 @@
 
 Three kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
-* `use_bf16` (the default where the CPU has AVX512-BF16: `int4_bf16_kernel_usable`):
-  `cpu_kernels/int4_bf16.cpp`, layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot
-  products, float32 sums; on AMX tiles where the CPU has them);
-* `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`: its activation rounding
-  moved the default model's greedy tokens): `cpu_kernels/int4_groups.cpp`, layout
-  `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
+* `use_bf16` (the default where the CPU has AVX512-BF16): `cpu_kernels/int4_bf16.cpp`,
+  layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; on AMX
+  tiles where the CPU has them); with AMX-BF16 also calls up to `tiles_max_m` rows, on the
+  bf16 tile GEMM with the groups dequantized into its B tiles (`bf16_tiles_q4_matmul`:
+  the dense fallback's products bit for bit, reading 0.75 instead of 2 B/weight);
+* `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`): `cpu_kernels/int4_groups.cpp`,
+  layout `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
 * otherwise PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 x only), w = (q - 8) * scale +
   zero with scale = d, zero = m + 8 d in the activation dtype, beside the canonical groups.
 Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.int4_bf16_blocks import (block_scales, pack_bf16_blocks,
                                                      unblock_scales, unpack_bf16_blocks)
 from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
@@ -75,6 +77,18 @@ def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 
 
+def offset_exact(d: torch.Tensor, m: torch.Tensor) -> bool:
+    """Is c = m - 128 d exact in float32 for every group (then the tile kernel's
+    dequantization takes one FMA, (128 + q) d + c: `cpu_kernels/bf16_tiles.cpp`)? The
+    difference is formed in float64, exact for operands within 2^20 of each other in
+    magnitude (checked too; a zero m is exact)."""
+    d64, m64 = d.double() * 128, m.double()
+    exact = (m64 - d64).float().double() == m64 - d64
+    ratio = m64.abs() / d64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    near = (m64 == 0) | (d64 == 0) | ((ratio > 2.0 ** -20) & (ratio < 2.0 ** 20))
+    return bool((exact & near).all())
+
+
 def int4_bytes_per_weight(act_bytes: int, group_size: int = 32, blocks: bool = False,
                           scale_bytes: int = 2, bf16: bool = False) -> float:
     """What Int4GroupwiseLinear keeps per weight (its dense fallback not included). With
@@ -117,8 +131,9 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
 
     def __init__(self, groups: Int4Groups, fallback: LinearMethod, max_m: int,
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
-                 use_bf16: bool = False) -> None:
+                 use_bf16: bool = False, tiles_max_m: int = 0) -> None:
         super().__init__(fallback, max_m)
+        self.tiles_max_m = max_m  # rows up to which no call takes the fallback
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.act_dtype = act_dtype
@@ -139,6 +154,13 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             d, m = scales(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
             self.register_buffer("m", m, persistent=False)
+            if self._bf16 is not None and tiles_max_m > max_m:
+                self._tiles = bf16_tiles_kernel()
+                if self._tiles is not None:
+                    self.tiles_max_m = tiles_max_m
+                    self._exact_c = offset_exact(d, m)
+                    if self.gated_act_mul is None:
+                        self.gated_act_mul = self._gated_past_kernel
             return
         self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
         self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
@@ -150,6 +172,29 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         self.register_buffer("kernel_scale_zeros", torch.stack(
             [groups.d.float().t(), zero.t()], dim=-1).to(act_dtype).contiguous(),
             persistent=False)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.max_m < x.shape[0] <= self.tiles_max_m and not torch.compiler.is_compiling():
+            xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+            y = self._tiles.bf16_tiles_q4_matmul(xb.contiguous(), self.q_bf16, self.d, self.m,
+                                                 self.out_features, bias, self._exact_c)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        return super().forward(x, bias)
+
+    def _gated_past_kernel(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+        rows = x.shape[0]
+        if rows <= self.max_m or torch.compiler.is_compiling():
+            return None
+        if rows <= self.tiles_max_m:
+            if x.dtype != torch.bfloat16 or x.dim() != 2 or self.out_features % 32:
+                return None
+            return self._tiles.bf16_tiles_q4_gated(x.contiguous(), self.q_bf16, self.d,
+                                                   self.m, self.out_features // 2, gelu,
+                                                   self._exact_c)
+        return super()._gated_past_kernel(x, gelu) if self.fallback.gated_act_mul else None
+
+    def bytes_read(self, rows: int) -> int:
+        return self.kernel_bytes() if rows <= self.tiles_max_m else super().bytes_read(rows)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16 is not None:

@@ -50,6 +50,11 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
 # "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
+# Rows up to which those int4 layers, past the kernel's rows, stay 4-bit on a CPU with
+# AMX-BF16: the tile GEMM with the groups dequantized into its B tiles per call, the same
+# products as the dense fallback (models/linear/int4.py; docs/benchmarks.md, "4-bit
+# groups dequantized into AMX tiles").
+DEFAULT_INT4_TILES_MAX_M = 32
 # Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
 # stay on their kernel: 8. With the weight read prefetched, Gemma 3's decode steps of 5, 6
 # and 8 rows are 1.20x / 1.15x / 1.05x faster than with 4 and oneDNN's AMX bf16 GEMM
@@ -65,6 +70,7 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
+    int4_tiles_max_m: int = DEFAULT_INT4_TILES_MAX_M  # with amx_tiles; <= the above: off
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
     # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: decode
@@ -129,8 +135,9 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             max_m = policy.small_batch_max_m
             if bf16:
                 max_m = max(max_m, policy.int4_bf16_max_m)
+            tiles = policy.int4_tiles_max_m if bf16 and policy.amx_tiles else 0
             return Int4GroupwiseLinear(int4, dense(weight), max_m, use_blocks=blocks,
-                                       use_bf16=bf16)
+                                       use_bf16=bf16, tiles_max_m=tiles)
     if int8 is not None and policy.keeps_int8(dtype, device):
         if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
             return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
