@@ -22,8 +22,8 @@
 // bf16_tiles_q4_matmul / _gated: the same for a 4-bit weight in the int4_bf16 layout
 // (int4_chunks.h), each group dequantized per call into the B tile pack_tiles makes of
 // its dense bf16 copy (equal outputs, bit for bit), the next group's dequantization
-// overlapping this group's tile products: 0.75 B/weight read instead of 2, 1.1-1.2x at
-// 9-32 rows (docs/benchmarks.md, "4-bit groups dequantized into AMX tiles").
+// overlapping this group's tile products: 0.75 B/weight read instead of 2, 1.1-1.35x at
+// 9-64 rows (docs/benchmarks.md, "4-bit groups dequantized into AMX tiles").
 // Built only where the compiler targets AMX-BF16; bf16_tiles_path() says whether the OS
 // grants the tile state (0: callers keep oneDNN).
 #include "torch_api.h"
@@ -50,8 +50,6 @@ constexpr int kBlockN = 16;
 constexpr int64_t kTile = 16 * 32;  // bf16 per B tile
 constexpr int kUnitRows = 32;       // rows of x per tile pass (2 A tiles)
 constexpr int64_t kRowChunk = 256;  // rows per pass over a thread's units (x in L2)
-// The same for 4-bit weights, whose tiles are dequantized once per unit and row chunk.
-constexpr int64_t kQ4RowChunk = 1024;
 constexpr int kResStride = 2 * kBlockN;
 
 #if RADIXLM_BF16_TILES
@@ -238,22 +236,27 @@ void unit_dot_q4(const uint16_t* x, int64_t R, int64_t K, const Q4Block (&w)[2],
     unit_dot<NB, false>(x, R, K, t, t1, res, false, configured, &w);
 }
 
+// A B tile row: scratch tiles made of them start on cache lines (an unaligned tile row
+// loads two lines: 4-bit calls of 256-1024 rows ran 5-10% slower).
+struct alignas(64) TileRow {
+  uint16_t v[32];
+};
+
 // unit(u, c0, rows, res, configured, tiles) for every unit u of [0, units) and row chunk
 // [c0, c0 + rows) of [0, M): units spread over torch's threads, each thread's chunks in
 // order (its weight streamed from memory by the first chunk, from cache after), res the
 // thread's scratch of kRowChunk x kResStride floats, configured its last tile shape, tiles
 // its scratch of `tile_scratch` B tiles (the 4-bit entry points dequantize into it).
 template <typename Unit>
-void for_unit_chunks(int64_t M, int64_t units, const Unit& unit, int64_t tile_scratch = 0,
-                     int64_t row_chunk = kRowChunk) {
+void for_unit_chunks(int64_t M, int64_t units, const Unit& unit, int64_t tile_scratch = 0) {
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> res(std::min(M, row_chunk) * kResStride);
-    std::vector<uint16_t> tiles(tile_scratch * kTile);
+    std::vector<float> res(std::min(M, kRowChunk) * kResStride);
+    std::vector<TileRow> tiles(tile_scratch * 16);
     int configured = -1;
-    for (int64_t c0 = 0; c0 < M; c0 += row_chunk) {
-      const int64_t rows = std::min(row_chunk, M - c0);
+    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
+      const int64_t rows = std::min(kRowChunk, M - c0);
       for (int64_t u = begin; u < end; ++u)
-        unit(u, c0, rows, res.data(), configured, tiles.data());
+        unit(u, c0, rows, res.data(), configured, reinterpret_cast<uint16_t*>(tiles.data()));
     }
     _tile_release();
   });
@@ -432,7 +435,7 @@ torch::Tensor bf16_tiles_q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tens
     else
       unit_dot_q4<1>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
     write_unit(res, rows, N, b0, nb, bp, yp + c0 * N);
-  }, 2 * ng, kQ4RowChunk);
+  }, 2 * ng);
 #endif
   return y;
 }
@@ -460,7 +463,7 @@ torch::Tensor bf16_tiles_q4_gated(torch::Tensor x, torch::Tensor q, torch::Tenso
       write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
     else
       write_gated<Silu>(res, rows, H, u, yp + c0 * H);
-  }, 2 * ng, kQ4RowChunk);
+  }, 2 * ng);
 #endif
   return y;
 }

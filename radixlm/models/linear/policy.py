@@ -52,9 +52,10 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 DEFAULT_INT4_BF16_MAX_M = 8
 # Rows up to which those int4 layers, past the kernel's rows, stay 4-bit on a CPU with
 # AMX-BF16: the tile GEMM with the groups dequantized into its B tiles per call, the same
-# products as the dense fallback (models/linear/int4.py; docs/benchmarks.md, "4-bit
-# groups dequantized into AMX tiles").
-DEFAULT_INT4_TILES_MAX_M = 32
+# products as the dense fallback (models/linear/int4.py): per layer 1.33x / 1.10x /
+# 1.08x at 16 / 32 / 64 rows, 1.00x at 256 (docs/benchmarks.md, "4-bit groups
+# dequantized into AMX tiles").
+DEFAULT_INT4_TILES_MAX_M = 64
 # Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
 # stay on their kernel: 8. With the weight read prefetched, Gemma 3's decode steps of 5, 6
 # and 8 rows are 1.20x / 1.15x / 1.05x faster than with 4 and oneDNN's AMX bf16 GEMM
