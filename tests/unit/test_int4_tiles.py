@@ -122,15 +122,43 @@ def test_linear_method_takes_the_tiles_between_its_kernel_and_the_fallback() -> 
 
 
 @needs_kernel
-def test_policy_sets_the_tiles_rows_with_amx_tiles_only() -> None:
-    from radixlm.models.linear import LinearPolicy
-    from radixlm.models.linear.policy import DEFAULT_INT4_TILES_MAX_M, make_linear_method
+def test_policy_keeps_no_dense_copy_with_amx_tiles() -> None:
+    """Default: every call past the kernel's rows on the tiles, no fallback (equal to the
+    dense copy at prefill sizes, gated too); a row limit keeps the dense copy past it;
+    without amx_tiles, or with the limit at 0, the dense fallback as before."""
+    import sys
 
-    groups = _groups(32, 64, seed=7)
+    from radixlm.models.linear import LinearPolicy
+    from radixlm.models.linear.bf16_tiles import TiledBf16Linear
+    from radixlm.models.linear.policy import make_linear_method
+
+    groups = _groups(64, 96, seed=7)
     weight = groups.dequantize().to(torch.bfloat16)
+    dense = TiledBf16Linear(weight)
     method = make_linear_method(weight, groups, LinearPolicy("auto"))
-    assert isinstance(method, Int4GroupwiseLinear)
-    assert method.tiles_max_m == DEFAULT_INT4_TILES_MAX_M > method.max_m
+    assert isinstance(method, Int4GroupwiseLinear) and method.fallback is None
+    assert method.tiles_max_m == sys.maxsize
+    x = torch.randn(300, 96).bfloat16()
+    assert torch.equal(method(x), dense(x))
+    assert torch.equal(method.gated_act_mul(x, True), dense.gated_act_mul(x, True))
+    assert method.bytes_read(300) == method.kernel_bytes()
+    limited = make_linear_method(weight, groups, LinearPolicy("auto", int4_tiles_max_m=64))
+    assert limited.tiles_max_m == 64 and isinstance(limited.fallback, TiledBf16Linear)
     for policy in (LinearPolicy("auto", amx_tiles=False), LinearPolicy("auto", int4_tiles_max_m=0)):
         method = make_linear_method(weight, groups, policy)
-        assert method.tiles_max_m == method.max_m
+        assert method.tiles_max_m == method.max_m and method.fallback is not None
+
+
+@needs_kernel
+def test_traces_under_torch_compile_as_the_custom_op() -> None:
+    method = Int4GroupwiseLinear(_groups(48, 64, seed=2), None, 8, use_bf16=True,
+                                 tiles_max_m=None)
+    x = torch.randn(20, 64).bfloat16()
+    torch._dynamo.reset()
+    compiled = torch.compile(method, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), method(x))
+
+
+def test_no_fallback_needs_the_tiles() -> None:
+    with pytest.raises(RuntimeError, match="no dense fallback"):
+        Int4GroupwiseLinear(_groups(32, 64, seed=3), None, 8, use_bf16=False)

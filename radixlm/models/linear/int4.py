@@ -2,19 +2,20 @@
 
 Three kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
-* `use_bf16` (the default where the CPU has AVX512-BF16): `cpu_kernels/int4_bf16.cpp`,
-  layout `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; on AMX
-  tiles where the CPU has them); with AMX-BF16 also calls up to `tiles_max_m` rows, on the
-  bf16 tile GEMM with the groups dequantized into its B tiles (`bf16_tiles_q4_matmul`:
-  the dense fallback's products bit for bit, reading 0.75 instead of 2 B/weight);
+* `use_bf16` (the default on AVX512-BF16): `cpu_kernels/int4_bf16.cpp`, layout
+  `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; AMX tiles where
+  the CPU has them); with AMX-BF16, calls past max_m up to `tiles_max_m` rows (None: all,
+  and no fallback) on the tile GEMM, the groups dequantized into its B tiles per call;
 * `use_blocks` (opt-in, `LinearPolicy.int4_int8_activations`): `cpu_kernels/int4_groups.cpp`,
   layout `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
 * otherwise PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 x only), w = (q - 8) * scale +
   zero with scale = d, zero = m + 8 d in the activation dtype, beside the canonical groups.
-Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit.
+Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit, and a call
+past max_m the dense copy's products.
 """
-
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -77,6 +78,18 @@ def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 
 
+@torch.library.custom_op("radixlm::int4_tiles_matmul", mutates_args=(), device_types="cpu")
+def int4_tiles_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                      n: int, bias: torch.Tensor | None, exact_c: bool) -> torch.Tensor:
+    """bf16_tiles_q4_matmul (4-bit groups on AMX tiles) as an op compiled graphs can hold."""
+    return bf16_tiles_kernel().bf16_tiles_q4_matmul(x, w, d, m, n, bias, exact_c)
+
+
+@int4_tiles_matmul.register_fake
+def _(x, w, d, m, n, bias, exact_c):
+    return x.new_empty(x.shape[0], n)
+
+
 def offset_exact(d: torch.Tensor, m: torch.Tensor) -> bool:
     """Is c = m - 128 d exact in float32 for every group (then the tile kernel's
     dequantization takes one FMA, (128 + q) d + c: `cpu_kernels/bf16_tiles.cpp`)? The
@@ -129,9 +142,12 @@ def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
 class Int4GroupwiseLinear(SmallBatchQuantized):
     format = "int4 groupwise"
 
-    def __init__(self, groups: Int4Groups, fallback: LinearMethod, max_m: int,
+    def __init__(self, groups: Int4Groups, fallback: LinearMethod | None, max_m: int,
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
-                 use_bf16: bool = False, tiles_max_m: int = 0) -> None:
+                 use_bf16: bool = False, tiles_max_m: int | None = 0) -> None:
+        """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None)."""
+        if fallback is None and not (use_bf16 and tiles_max_m is None):
+            raise RuntimeError("no dense fallback: needs the AMX tiles for every call")
         super().__init__(fallback, max_m)
         self.tiles_max_m = max_m  # rows up to which no call takes the fallback
         self.group_size = groups.group_size
@@ -154,13 +170,15 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             d, m = scales(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
             self.register_buffer("m", m, persistent=False)
-            if self._bf16 is not None and tiles_max_m > max_m:
+            if self._bf16 is not None and (tiles_max_m is None or tiles_max_m > max_m):
                 self._tiles = bf16_tiles_kernel()
                 if self._tiles is not None:
-                    self.tiles_max_m = tiles_max_m
+                    self.tiles_max_m = sys.maxsize if tiles_max_m is None else tiles_max_m
                     self._exact_c = offset_exact(d, m)
                     if self.gated_act_mul is None:
                         self.gated_act_mul = self._gated_past_kernel
+            if fallback is None and self.tiles_max_m != sys.maxsize:
+                raise RuntimeError("no dense fallback: needs the AMX tiles for every call")
             return
         self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
         self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
@@ -174,10 +192,11 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             persistent=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.max_m < x.shape[0] <= self.tiles_max_m and not torch.compiler.is_compiling():
-            xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-            y = self._tiles.bf16_tiles_q4_matmul(xb.contiguous(), self.q_bf16, self.d, self.m,
-                                                 self.out_features, bias, self._exact_c)
+        if self.max_m < x.shape[0] <= self.tiles_max_m:
+            xb = (x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)).contiguous()
+            args = (xb, self.q_bf16, self.d, self.m, self.out_features, bias, self._exact_c)
+            y = (torch.ops.radixlm.int4_tiles_matmul(*args) if torch.compiler.is_compiling()
+                 else self._tiles.bf16_tiles_q4_matmul(*args))
             return y if y.dtype == x.dtype else y.to(x.dtype)
         return super().forward(x, bias)
 
@@ -191,7 +210,8 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             return self._tiles.bf16_tiles_q4_gated(x.contiguous(), self.q_bf16, self.d,
                                                    self.m, self.out_features // 2, gelu,
                                                    self._exact_c)
-        return super()._gated_past_kernel(x, gelu) if self.fallback.gated_act_mul else None
+        return (super()._gated_past_kernel(x, gelu)
+                if self.fallback is not None and self.fallback.gated_act_mul else None)
 
     def bytes_read(self, rows: int) -> int:
         return self.kernel_bytes() if rows <= self.tiles_max_m else super().bytes_read(rows)

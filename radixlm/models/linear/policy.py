@@ -1,8 +1,8 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (+ dense
-                                          fallback; int4_bf16 kernel on AVX512-BF16)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (int4_bf16
+                                          kernel; + dense fallback, none on AMX-BF16)
     --quantization auto, bf16 CPU, GGUF Q5_0 -> Q5GroupwiseLinear (q5_bf16, AVX512-BF16)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
                                           fallback; a large LM head: `make_head_method`)
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit
+from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit, bf16_tiles_kernel
 from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
                                         int4_blocks_kernel, int4_kernel_fits,
                                         int4_kernel_runs_on)
@@ -50,12 +50,12 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
 # "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
-# Rows up to which those int4 layers, past the kernel's rows, stay 4-bit on a CPU with
-# AMX-BF16: the tile GEMM with the groups dequantized into its B tiles per call, the same
-# products as the dense fallback (models/linear/int4.py): per layer 1.33x / 1.10x /
-# 1.08x at 16 / 32 / 64 rows, 1.00x at 256 (docs/benchmarks.md, "4-bit groups
-# dequantized into AMX tiles").
-DEFAULT_INT4_TILES_MAX_M = 64
+# Past the kernel's rows, on a CPU with AMX-BF16, int4 layers stay 4-bit for every call:
+# the tile GEMM dequantizes the groups into its B tiles per call, the same products as a
+# dense bf16 copy (models/linear/int4.py), which is then not kept (2 bytes a weight
+# less). Per layer 1.33x / 1.10x / 1.08x the dense copy's speed at 16 / 32 / 64 rows,
+# 1.00x / 0.93-0.96x at 256 / 1024 (prefill of 1024 tokens 0.96x); docs/benchmarks.md,
+# "4-bit groups dequantized into AMX tiles".
 # Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
 # stay on their kernel: 8. With the weight read prefetched, Gemma 3's decode steps of 5, 6
 # and 8 rows are 1.20x / 1.15x / 1.05x faster than with 4 and oneDNN's AMX bf16 GEMM
@@ -71,7 +71,9 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
-    int4_tiles_max_m: int = DEFAULT_INT4_TILES_MAX_M  # with amx_tiles; <= the above: off
+    # with amx_tiles: None, every call (no dense copy); N, up to N rows and the dense copy
+    # past them (64 keeps prefill at the dense copy's speed); <= the kernel's rows: off
+    int4_tiles_max_m: int | None = None
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
     # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: decode
@@ -136,9 +138,10 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             max_m = policy.small_batch_max_m
             if bf16:
                 max_m = max(max_m, policy.int4_bf16_max_m)
-            tiles = policy.int4_tiles_max_m if bf16 and policy.amx_tiles else 0
-            return Int4GroupwiseLinear(int4, dense(weight), max_m, use_blocks=blocks,
-                                       use_bf16=bf16, tiles_max_m=tiles)
+            tiles = (policy.int4_tiles_max_m
+                     if bf16 and policy.amx_tiles and bf16_tiles_kernel() is not None else 0)
+            return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
+                                       use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
     if int8 is not None and policy.keeps_int8(dtype, device):
         if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
             return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
