@@ -4,7 +4,7 @@ Shapes come from the model config, the safetensors headers or a GGUF file's tens
 Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the linear
 projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
 CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
-top of the dense fallback) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
+top of the dense fallback but on AMX CPUs) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
 weight, or Q5_0's 5-bit groups, 22 / 32, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
 head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
 
@@ -264,10 +264,12 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                      int8_forms: dict[str, float] | None = None) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
     checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
-    `quantization="int4"`: the `int4_names` projections also keep their int4 form.
+    `quantization="int4"`: the `int4_names` projections also keep their int4 form (only
+    it on AMX CPUs: `LinearPolicy.int4_tiles_max_m`'s default).
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
     own packed copy of the embedding."""
-    from radixlm.models.linear.int4 import int4_bf16_kernel_usable, int4_bytes_per_weight
+    from radixlm.models.linear.int4 import (int4_bf16_kernel_usable, int4_bytes_per_weight,
+                                            int4_tiles_usable)
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
@@ -305,12 +307,15 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             continue  # not a weight of the model (e.g. rotary_emb.inv_freq)
         params += n
         if name.endswith(_LINEAR_WEIGHTS):
-            linear += per_rank * (1 if quantization == "fp8" else dtype_bytes)
+            dense = per_rank * (1 if quantization == "fp8" else dtype_bytes)
             if quantization == "int4" and name in int4_names:
-                int4 += int(per_rank * int4_bytes_per_weight(
-                    dtype_bytes, bf16=dtype_bytes == 2 and int4_bf16_kernel_usable()))
+                bf16 = dtype_bytes == 2 and int4_bf16_kernel_usable()
+                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes, bf16=bf16))
+                if bf16 and int4_tiles_usable():
+                    dense = 0  # no dense fallback: the 4-bit tiles take every call
             elif name in int8_forms:
                 int8 += int(per_rank * int8_forms[name])
+            linear += dense
         else:
             other += per_rank * dtype_bytes
     if int8_table and cfg.tie_word_embeddings:

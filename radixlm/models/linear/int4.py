@@ -58,6 +58,13 @@ def int4_bf16_kernel():
     return kernel if kernel is not None and kernel.int4_bf16_path() >= 1 else None
 
 
+def int4_tiles_usable() -> bool:
+    """Do int4 layers past the int4_bf16 kernel's rows run on the 4-bit AMX tiles here (both
+    kernels built: an AMX-BF16 CPU whose OS grants the tile state)? The default policy
+    then keeps no dense copy of them."""
+    return int4_bf16_kernel() is not None and bf16_tiles_kernel() is not None
+
+
 def int4_bf16_kernel_usable() -> bool:
     """The int4_bf16 kernel built with its AVX512-BF16 path. Kernels build with
     -march=native, keyed by the CPU's flags (`cpu_kernels/build.py`), so this is the CPU's

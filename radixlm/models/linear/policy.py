@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit, bf16_tiles_kernel
+from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit
 from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
                                         int4_blocks_kernel, int4_kernel_fits,
-                                        int4_kernel_runs_on)
+                                        int4_kernel_runs_on, int4_tiles_usable)
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
@@ -138,8 +138,7 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             max_m = policy.small_batch_max_m
             if bf16:
                 max_m = max(max_m, policy.int4_bf16_max_m)
-            tiles = (policy.int4_tiles_max_m
-                     if bf16 and policy.amx_tiles and bf16_tiles_kernel() is not None else 0)
+            tiles = policy.int4_tiles_max_m if bf16 and policy.amx_tiles and int4_tiles_usable() else 0
             return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
                                        use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
     if int8 is not None and policy.keeps_int8(dtype, device):
