@@ -87,7 +87,8 @@ def main() -> None:
             for fmt in ("bf16", "q4") if r % 2 == 0 else ("q4", "bf16"):
                 t[fmt].append(time_layers(kernel, layers, rows, fmt))
         ratios = [b / q for b, q in zip(t["bf16"], t["q4"])]
-        print(f"rows {rows:5d}: bf16 tiles {min(t['bf16']):7.0f} / {statistics.median(t['bf16']):7.0f}"
+        bf16 = f"{min(t['bf16']):7.0f} / {statistics.median(t['bf16']):7.0f}"
+        print(f"rows {rows:5d}: bf16 tiles {bf16}"
               f" us, 4-bit tiles {min(t['q4']):7.0f} / {statistics.median(t['q4']):7.0f} us"
               f" (min / median per layer); bf16 / 4-bit {statistics.median(ratios):.2f}x"
               f" (rounds {min(ratios):.2f}-{max(ratios):.2f})", flush=True)

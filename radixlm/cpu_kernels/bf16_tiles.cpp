@@ -89,7 +89,27 @@ inline void pass_2x2(const uint16_t* xa, int64_t K, const uint16_t* w0, const ui
   }
 }
 
-// A partial pass: NB (1 or 2) blocks, up to 16 rows in A tile 0 and r1 more in A tile 1.
+// Group g's tile products: A tile 0 (and A tile 1 when r1 > 0) x the group's B tiles b0
+// (and b1 when NB = 2) into C tiles 4-7.
+template <int NB>
+inline void group_products(const uint16_t* xa, int64_t K, int64_t g, const uint16_t* b0,
+                           const uint16_t* b1, int r1) {
+  _tile_loadd(0, xa + g * kGroup, K * 2);
+  _tile_loadd(2, b0, 64);
+  _tile_dpbf16ps(4, 0, 2);
+  if (r1 > 0) {
+    _tile_loadd(1, xa + 16 * K + g * kGroup, K * 2);
+    _tile_dpbf16ps(6, 1, 2);
+  }
+  if constexpr (NB > 1) {
+    _tile_loadd(3, b1, 64);
+    _tile_dpbf16ps(5, 0, 3);
+    if (r1 > 0) _tile_dpbf16ps(7, 1, 3);
+  }
+}
+
+// A partial pass: NB (1 or 2) blocks, up to 16 rows in A tile 0 and r1 more in A tile 1
+// (r1 = 0 when NB = 2: that full pass is pass_2x2's).
 template <int NB>
 void pass_partial(const uint16_t* xa, int64_t K, const uint16_t* w0, const uint16_t* w1,
                   int r1, bool prefetch) {
@@ -99,17 +119,7 @@ void pass_partial(const uint16_t* xa, int64_t K, const uint16_t* w0, const uint1
       prefetch_span(w0 + g * kTile, kTile * 2, kPrefetchBytes);
       if constexpr (NB > 1) prefetch_span(w1 + g * kTile, kTile * 2, kPrefetchBytes);
     }
-    _tile_loadd(0, xa + g * kGroup, K * 2);
-    _tile_loadd(2, w0 + g * kTile, 64);
-    _tile_dpbf16ps(4, 0, 2);
-    if (r1 > 0) {
-      _tile_loadd(1, xa + 16 * K + g * kGroup, K * 2);
-      _tile_dpbf16ps(6, 1, 2);
-    }
-    if constexpr (NB > 1) {
-      _tile_loadd(3, w1 + g * kTile, 64);
-      _tile_dpbf16ps(5, 0, 3);
-    }
+    group_products<NB>(xa, K, g, w0 + g * kTile, w1 + g * kTile, r1);
   }
 }
 
@@ -170,18 +180,7 @@ void pass_q4(const uint16_t* xa, int64_t K, const Q4Block (&w)[2], uint16_t* t0,
   for (int64_t g = 0; g < ng; ++g) {
     dequantize_group<ExactC>(w[0], g, t0 + g * kTile);
     if constexpr (NB > 1) dequantize_group<ExactC>(w[1], g, t1 + g * kTile);
-    _tile_loadd(0, xa + g * kGroup, K * 2);
-    _tile_loadd(2, t0 + g * kTile, 64);
-    _tile_dpbf16ps(4, 0, 2);
-    if (r1 > 0) {
-      _tile_loadd(1, xa + 16 * K + g * kGroup, K * 2);
-      _tile_dpbf16ps(6, 1, 2);
-    }
-    if constexpr (NB > 1) {
-      _tile_loadd(3, t1 + g * kTile, 64);
-      _tile_dpbf16ps(5, 0, 3);
-      if (r1 > 0) _tile_dpbf16ps(7, 1, 3);
-    }
+    group_products<NB>(xa, K, g, t0 + g * kTile, t1 + g * kTile, r1);
   }
 }
 

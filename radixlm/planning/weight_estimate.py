@@ -3,8 +3,8 @@
 Shapes come from the model config, the safetensors headers or a GGUF file's tensor table.
 Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the linear
 projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
-CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, on
-top of the dense fallback but on AMX CPUs) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
+CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, plus
+the dense fallback except on AMX CPUs) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
 weight, or Q5_0's 5-bit groups, 22 / 32, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
 head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
 

@@ -13,6 +13,7 @@ Three kernels for calls of at most `max_m` rows (more: the dense fallback,
 Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit, and a call
 past max_m the dense copy's products.
 """
+
 from __future__ import annotations
 
 import sys

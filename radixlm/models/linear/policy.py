@@ -50,12 +50,6 @@ DEFAULT_SMALL_BATCH_MAX_M = 4
 # rows, 1.3x faster than dense at 8 rows (scripts/bench_int4_kernel.py, docs/benchmarks.md
 # "int4 x bf16 kernel").
 DEFAULT_INT4_BF16_MAX_M = 8
-# Past the kernel's rows, on a CPU with AMX-BF16, int4 layers stay 4-bit for every call:
-# the tile GEMM dequantizes the groups into its B tiles per call, the same products as a
-# dense bf16 copy (models/linear/int4.py), which is then not kept (2 bytes a weight
-# less). Per layer 1.33x / 1.10x / 1.08x the dense copy's speed at 16 / 32 / 64 rows,
-# 1.00x / 0.93-0.96x at 256 / 1024 (prefill of 1024 tokens 0.96x); docs/benchmarks.md,
-# "4-bit groups dequantized into AMX tiles".
 # Rows up to which the int8-group methods (Q8_0/Q5_0/Q6_K projections, the int8 LM head)
 # stay on their kernel: 8. With the weight read prefetched, Gemma 3's decode steps of 5, 6
 # and 8 rows are 1.20x / 1.15x / 1.05x faster than with 4 and oneDNN's AMX bf16 GEMM
@@ -71,8 +65,13 @@ class LinearPolicy:
     gemm: Gemm | None = None  # set: every layer is DenseLinear on this GEMM
     small_batch_max_m: int = DEFAULT_SMALL_BATCH_MAX_M
     int4_bf16_max_m: int = DEFAULT_INT4_BF16_MAX_M  # (the larger of the two applies)
-    # with amx_tiles: None, every call (no dense copy); N, up to N rows and the dense copy
-    # past them (64 keeps prefill at the dense copy's speed); <= the kernel's rows: off
+    # Past the int4 kernel's rows, on a CPU with AMX-BF16 (amx_tiles), int4 layers stay
+    # 4-bit: the tile GEMM dequantizes the groups into its B tiles per call, the same
+    # products as a dense bf16 copy (models/linear/int4.py). None (default): every call,
+    # and no dense copy is kept (2 bytes a weight less); N: up to N rows, the dense copy
+    # past them; <= the kernel's rows: off. Per layer 1.33x / 1.10x / 1.08x the dense
+    # copy's speed at 16 / 32 / 64 rows, 1.00x / 0.93-0.96x at 256 / 1024 (a 1024-token
+    # prefill 0.96x); docs/benchmarks.md, "4-bit groups dequantized into AMX tiles".
     int4_tiles_max_m: int | None = None
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
     # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
@@ -138,7 +137,8 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             max_m = policy.small_batch_max_m
             if bf16:
                 max_m = max(max_m, policy.int4_bf16_max_m)
-            tiles = policy.int4_tiles_max_m if bf16 and policy.amx_tiles and int4_tiles_usable() else 0
+            on_tiles = bf16 and policy.amx_tiles and int4_tiles_usable()
+            tiles = policy.int4_tiles_max_m if on_tiles else 0
             return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
                                        use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
     if int8 is not None and policy.keeps_int8(dtype, device):
