@@ -52,6 +52,21 @@ constexpr int kUnitRows = 32;       // rows of x per tile pass (2 A tiles)
 constexpr int64_t kRowChunk = 256;  // rows per pass over a thread's units (x in L2)
 constexpr int kResStride = 2 * kBlockN;
 
+// The two weight sources of the entry points: the packed bf16 tiles (`w`, `block` bf16
+// per block), or 4-bit groups in the int4_bf16 layout (q, d, m per block at their strides;
+// exact_c: one FMA per dequantized weight, see dequantize_group).
+struct Bf16Weight {
+  const uint16_t* w;
+  int64_t block;
+};
+struct Q4Weight {
+  const uint8_t* q;
+  const float* d;
+  const float* m;
+  int64_t qstride, sstride;
+  bool exact_c;
+};
+
 #if RADIXLM_BF16_TILES
 // Tiles 0, 1: A, rows r0 and r1 (<= 16 each) of x x a group's 32 columns; 2, 3: B, the
 // unit's two blocks; 4, 5: C of A 0 x B 2, 3; 6, 7: C of A 1 x B 2, 3.
@@ -131,6 +146,12 @@ struct Q4Block {
   const float* m;
 };
 
+// A 4-bit unit: its blocks and the thread's scratch tiles they dequantize into (ng each).
+struct Q4Unit {
+  Q4Block blocks[2];
+  uint16_t* tiles[2];
+};
+
 // Group g of block b as the B tile pack_tiles makes of the dense weight: each w = d q + m
 // in float32 (the product exact: an 11-17 bit d times a 4-bit q; the sum rounded once, as
 // Int4Groups.dequantize) rounded to bf16 (nearest-even, as a cast; subnormal values flush
@@ -170,28 +191,28 @@ inline void dequantize_group(const Q4Block& b, int64_t g, uint16_t* tile) {
 }
 
 // The first 32-row pass of a 4-bit unit (NB blocks, r1 rows in A tile 1): each group's B
-// tiles dequantized into t0 / t1 (a thread's scratch, every group's tile kept for the
-// unit's later passes), then multiplied; the vector units dequantize group g + 1 while
-// the tile unit multiplies group g.
+// tiles dequantized into the unit's scratch (every group's tile kept for the unit's later
+// passes), then multiplied; the vector units dequantize group g + 1 while the tile unit
+// multiplies group g.
 template <int NB, bool ExactC>
-void pass_q4(const uint16_t* xa, int64_t K, const Q4Block (&w)[2], uint16_t* t0, uint16_t* t1,
-             int r1) {
+void pass_q4(const uint16_t* xa, int64_t K, const Q4Unit& w, int r1) {
   const int64_t ng = K / kGroup;
   for (int64_t g = 0; g < ng; ++g) {
-    dequantize_group<ExactC>(w[0], g, t0 + g * kTile);
-    if constexpr (NB > 1) dequantize_group<ExactC>(w[1], g, t1 + g * kTile);
-    group_products<NB>(xa, K, g, t0 + g * kTile, t1 + g * kTile, r1);
+    dequantize_group<ExactC>(w.blocks[0], g, w.tiles[0] + g * kTile);
+    if constexpr (NB > 1) dequantize_group<ExactC>(w.blocks[1], g, w.tiles[1] + g * kTile);
+    group_products<NB>(xa, K, g, w.tiles[0] + g * kTile, w.tiles[1] + g * kTile, r1);
   }
 }
 
 // One unit (NB = 1 or 2 blocks from b0) for R rows of x into res [R, kResStride], 32 rows
 // a pass. prefetch: the weight is read from memory in this call (the first row chunk);
 // configured: the tile shape this thread loaded last.
-// w0, w1: the unit's two blocks' tiles (w1 unused when NB = 1). With q4 (a 4-bit unit),
-// the first pass dequantizes them into w0, w1 (pass_q4) and later passes read them there.
+// w0, w1: the unit's two blocks' tiles (w1 unused when NB = 1). With q4 (a 4-bit unit
+// whose scratch tiles are w0, w1), the first pass dequantizes them (pass_q4) and later
+// passes read them there.
 template <int NB, bool ExactC = false>
 void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const uint16_t* w1,
-              float* res, bool prefetch, int& configured, const Q4Block (*q4)[2] = nullptr) {
+              float* res, bool prefetch, int& configured, const Q4Unit* q4 = nullptr) {
   constexpr int64_t rs = kResStride * 4;  // bytes per row of res
   for (int64_t m0 = 0; m0 < R; m0 += kUnitRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kUnitRows, R - m0));
@@ -208,7 +229,7 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const
     }
     const uint16_t* xa = x + m0 * K;
     if (q4 != nullptr && m0 == 0)
-      pass_q4<NB, ExactC>(xa, K, *q4, const_cast<uint16_t*>(w0), const_cast<uint16_t*>(w1), r1);
+      pass_q4<NB, ExactC>(xa, K, *q4, r1);
     else if (NB > 1 && r1 > 0)
       pass_2x2(xa, K, w0, w1, prefetch && m0 == 0);
     else
@@ -221,18 +242,6 @@ void unit_dot(const uint16_t* x, int64_t R, int64_t K, const uint16_t* w0, const
       if constexpr (NB > 1) _tile_stored(7, out + 16 * kResStride + kBlockN, rs);
     }
   }
-}
-
-// unit_dot for a 4-bit unit: its B tiles dequantized into the thread's scratch t
-// (2 x ng tiles).
-template <int NB>
-void unit_dot_q4(const uint16_t* x, int64_t R, int64_t K, const Q4Block (&w)[2], uint16_t* t,
-                 float* res, int& configured, bool exact_c) {
-  const uint16_t* t1 = t + (K / kGroup) * kTile;
-  if (exact_c)
-    unit_dot<NB, true>(x, R, K, t, t1, res, false, configured, &w);
-  else
-    unit_dot<NB, false>(x, R, K, t, t1, res, false, configured, &w);
 }
 
 // A B tile row: scratch tiles made of them start on cache lines (an unaligned tile row
@@ -304,6 +313,65 @@ void write_gated(const float* res, int64_t R, int64_t H, int64_t u, uint16_t* y)
     }
   }
 }
+
+// A unit's dot products (blocks b0 and b1: NB of them) for R rows of x into res, per
+// weight source; first: the call's first row chunk (the weight read from memory then),
+// tiles: the thread's scratch (2 x ng tiles; the 4-bit source dequantizes into it).
+template <int NB>
+void unit_dot_of(const Bf16Weight& w, int64_t b0, int64_t b1, const uint16_t* x, int64_t R,
+                 int64_t K, float* res, bool first, int& configured, uint16_t*) {
+  unit_dot<NB>(x, R, K, w.w + b0 * w.block, w.w + b1 * w.block, res, first, configured);
+}
+
+template <int NB>
+void unit_dot_of(const Q4Weight& w, int64_t b0, int64_t b1, const uint16_t* x, int64_t R,
+                 int64_t K, float* res, bool, int& configured, uint16_t* tiles) {
+  const int64_t ng = K / kGroup;
+  auto block = [&](int64_t b) {
+    return Q4Block{w.q + b * w.qstride, w.d + b * w.sstride, w.m + b * w.sstride};
+  };
+  const Q4Unit unit{{block(b0), block(b1)}, {tiles, tiles + ng * kTile}};
+  if (w.exact_c)
+    unit_dot<NB, true>(x, R, K, unit.tiles[0], unit.tiles[1], res, false, configured, &unit);
+  else
+    unit_dot<NB, false>(x, R, K, unit.tiles[0], unit.tiles[1], res, false, configured, &unit);
+}
+
+// Scratch tiles per thread a weight source needs (the 4-bit source: a unit's 2 x ng).
+inline int64_t scratch_tiles(const Bf16Weight&, int64_t) { return 0; }
+inline int64_t scratch_tiles(const Q4Weight&, int64_t K) { return 2 * (K / kGroup); }
+
+// y [M, N] = x @ W.T (+ bias, float32 [N] or null): units of 2 blocks (the last may be 1).
+template <typename W>
+void matmul_units(const W& w, const uint16_t* xp, int64_t M, int64_t K, int64_t N,
+                  const float* bias, uint16_t* yp) {
+  const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
+  for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                            int& configured, uint16_t* tiles) {
+    const int64_t b0 = 2 * u;
+    const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
+    if (nb == 2)
+      unit_dot_of<2>(w, b0, b0 + 1, xp + c0 * K, rows, K, res, c0 == 0, configured, tiles);
+    else
+      unit_dot_of<1>(w, b0, b0 + 1, xp + c0 * K, rows, K, res, c0 == 0, configured, tiles);
+    write_unit(res, rows, N, b0, nb, bias, yp + c0 * N);
+  }, scratch_tiles(w, K));
+}
+
+// y [M, H] = act(x @ Wg.T) * (x @ Wu.T): unit u pairs gate block u with up block u + H / 16.
+template <typename W>
+void gated_units(const W& w, const uint16_t* xp, int64_t M, int64_t K, int64_t H, bool gelu,
+                 uint16_t* yp) {
+  const int64_t units = H / kBlockN;
+  for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
+                                int& configured, uint16_t* tiles) {
+    unit_dot_of<2>(w, u, u + units, xp + c0 * K, rows, K, res, c0 == 0, configured, tiles);
+    if (gelu)
+      write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
+    else
+      write_gated<Silu>(res, rows, H, u, yp + c0 * H);
+  }, scratch_tiles(w, K));
+}
 #endif
 
 }  // namespace
@@ -349,122 +417,70 @@ static void check_q4(const torch::Tensor& x, const torch::Tensor& q, const torch
                 what, ": d, m [ceil(N / 16), K / 32, 16] float32 contiguous");
 }
 
-torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
-                                c10::optional<torch::Tensor> bias) {
-  check_operands(x, w, N, "bf16_tiles_matmul");
-  const int64_t M = x.size(0), K = x.size(1);
-  const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
-  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N),
-              "bf16_tiles_matmul: bias [N]");
+// y = x @ W.T (+ bias) [M, N] bf16 from the weight source w (the operands checked).
+template <typename W>
+torch::Tensor matmul_of(const torch::Tensor& x, const W& w, int64_t N,
+                        const c10::optional<torch::Tensor>& bias, const char* what) {
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N), what, ": bias [N]");
+  const int64_t M = x.size(0);
   auto y = torch::empty({M, N}, x.options());
 #if RADIXLM_BF16_TILES
   if (M == 0 || N == 0) return y;
   const torch::Tensor bias_f = bias ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
-  const float* bp = bias ? bias_f.data_ptr<float>() : nullptr;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t block = (K / kGroup) * kTile;
-  for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                            int& configured, uint16_t*) {
-    const int64_t b0 = 2 * u;
-    const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
-    const uint16_t* w0 = wp + b0 * block;
-    if (nb == 2)
-      unit_dot<2>(xp + c0 * K, rows, K, w0, w0 + block, res, c0 == 0, configured);
-    else
-      unit_dot<1>(xp + c0 * K, rows, K, w0, w0 + block, res, c0 == 0, configured);
-    write_unit(res, rows, N, b0, nb, bp, yp + c0 * N);
-  });
+  matmul_units(w, reinterpret_cast<const uint16_t*>(x.data_ptr()), M, x.size(1), N,
+               bias ? bias_f.data_ptr<float>() : nullptr,
+               reinterpret_cast<uint16_t*>(y.data_ptr()));
 #endif
   return y;
+}
+
+// act(x @ Wg.T) * (x @ Wu.T) [M, H] bf16 from the weight source w (the operands checked).
+template <typename W>
+torch::Tensor gated_of(const torch::Tensor& x, const W& w, int64_t H, bool gelu) {
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, H}, x.options());
+#if RADIXLM_BF16_TILES
+  if (M == 0) return y;
+  gated_units(w, reinterpret_cast<const uint16_t*>(x.data_ptr()), M, x.size(1), H, gelu,
+              reinterpret_cast<uint16_t*>(y.data_ptr()));
+#endif
+  return y;
+}
+
+static Bf16Weight bf16_weight(const torch::Tensor& w, int64_t K) {
+  return {reinterpret_cast<const uint16_t*>(w.data_ptr()), (K / kGroup) * kTile};
+}
+
+static Q4Weight q4_weight(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
+                          int64_t K, bool exact_c) {
+  return {q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(), K * kBlockN / 2,
+          (K / kGroup) * kBlockN, exact_c};
+}
+
+torch::Tensor bf16_tiles_matmul(torch::Tensor x, torch::Tensor w, int64_t N,
+                                c10::optional<torch::Tensor> bias) {
+  check_operands(x, w, N, "bf16_tiles_matmul");
+  return matmul_of(x, bf16_weight(w, x.size(1)), N, bias, "bf16_tiles_matmul");
 }
 
 torch::Tensor bf16_tiles_gated(torch::Tensor x, torch::Tensor w, int64_t H, bool gelu) {
   TORCH_CHECK(H > 0 && H % kBlockN == 0, "bf16_tiles_gated: H a positive multiple of 16");
   check_operands(x, w, 2 * H, "bf16_tiles_gated");
-  const int64_t M = x.size(0), K = x.size(1);
-  auto y = torch::empty({M, H}, x.options());
-#if RADIXLM_BF16_TILES
-  if (M == 0) return y;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t units = H / kBlockN, block = (K / kGroup) * kTile;
-  for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                int& configured, uint16_t*) {
-    unit_dot<2>(xp + c0 * K, rows, K, wp + u * block, wp + (u + units) * block, res,
-                c0 == 0, configured);
-    if (gelu)
-      write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
-    else
-      write_gated<Silu>(res, rows, H, u, yp + c0 * H);
-  });
-#endif
-  return y;
+  return gated_of(x, bf16_weight(w, x.size(1)), H, gelu);
 }
 
 torch::Tensor bf16_tiles_q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d,
                                    torch::Tensor m, int64_t N, c10::optional<torch::Tensor> bias,
                                    bool exact_c) {
   check_q4(x, q, d, m, N, "bf16_tiles_q4_matmul");
-  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == N),
-              "bf16_tiles_q4_matmul: bias [N]");
-  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
-  const int64_t nblocks = (N + kBlockN - 1) / kBlockN;
-  auto y = torch::empty({M, N}, x.options());
-#if RADIXLM_BF16_TILES
-  if (M == 0 || N == 0) return y;
-  const torch::Tensor bias_f = bias ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
-  const float* bp = bias ? bias_f.data_ptr<float>() : nullptr;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const uint8_t* qp = q.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t qstride = K * kBlockN / 2, sstride = ng * kBlockN;
-  for_unit_chunks(M, (nblocks + 1) / 2, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                            int& configured, uint16_t* tiles) {
-    const int64_t b0 = 2 * u;
-    const int nb = static_cast<int>(std::min<int64_t>(2, nblocks - b0));
-    Q4Block w[2];
-    for (int b = 0; b < nb; ++b)
-      w[b] = {qp + (b0 + b) * qstride, dp + (b0 + b) * sstride, mp + (b0 + b) * sstride};
-    if (nb == 2)
-      unit_dot_q4<2>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
-    else
-      unit_dot_q4<1>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
-    write_unit(res, rows, N, b0, nb, bp, yp + c0 * N);
-  }, 2 * ng);
-#endif
-  return y;
+  return matmul_of(x, q4_weight(q, d, m, x.size(1), exact_c), N, bias, "bf16_tiles_q4_matmul");
 }
 
 torch::Tensor bf16_tiles_q4_gated(torch::Tensor x, torch::Tensor q, torch::Tensor d,
                                   torch::Tensor m, int64_t H, bool gelu, bool exact_c) {
   TORCH_CHECK(H > 0 && H % kBlockN == 0, "bf16_tiles_q4_gated: H a positive multiple of 16");
   check_q4(x, q, d, m, 2 * H, "bf16_tiles_q4_gated");
-  const int64_t M = x.size(0), K = x.size(1), ng = K / kGroup;
-  auto y = torch::empty({M, H}, x.options());
-#if RADIXLM_BF16_TILES
-  if (M == 0) return y;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const uint8_t* qp = q.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t units = H / kBlockN, qstride = K * kBlockN / 2, sstride = ng * kBlockN;
-  for_unit_chunks(M, units, [&](int64_t u, int64_t c0, int64_t rows, float* res,
-                                int& configured, uint16_t* tiles) {
-    const Q4Block w[2] = {{qp + u * qstride, dp + u * sstride, mp + u * sstride},
-                          {qp + (u + units) * qstride, dp + (u + units) * sstride,
-                           mp + (u + units) * sstride}};  // the gate block, the up block
-    unit_dot_q4<2>(xp + c0 * K, rows, K, w, tiles, res, configured, exact_c);
-    if (gelu)
-      write_gated<GeluTanh>(res, rows, H, u, yp + c0 * H);
-    else
-      write_gated<Silu>(res, rows, H, u, yp + c0 * H);
-  }, 2 * ng);
-#endif
-  return y;
+  return gated_of(x, q4_weight(q, d, m, x.size(1), exact_c), H, gelu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {

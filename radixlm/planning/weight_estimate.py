@@ -276,6 +276,10 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     check_tp(cfg, tp)
     kv_frac = (kv_heads_per_rank(cfg, tp), cfg.num_kv_heads)  # rank's share of k/v rows
     int8_forms = int8_forms if quantization == "int4" else {}
+    # int4 projections: their form's bytes, and no dense fallback where the 4-bit tiles run
+    int4_bf16 = quantization == "int4" and dtype_bytes == 2 and int4_bf16_kernel_usable()
+    int4_per_weight = int4_bytes_per_weight(dtype_bytes, bf16=int4_bf16)
+    int4_dense = not (int4_bf16 and int4_tiles_usable())
     emb = head = linear = other = params = int4 = int8 = 0
     int8_table = False  # a vocabulary table kept as int8 groups (no dense copy)
     for name, shape in shapes.items():
@@ -309,10 +313,8 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
         if name.endswith(_LINEAR_WEIGHTS):
             dense = per_rank * (1 if quantization == "fp8" else dtype_bytes)
             if quantization == "int4" and name in int4_names:
-                bf16 = dtype_bytes == 2 and int4_bf16_kernel_usable()
-                int4 += int(per_rank * int4_bytes_per_weight(dtype_bytes, bf16=bf16))
-                if bf16 and int4_tiles_usable():
-                    dense = 0  # no dense fallback: the 4-bit tiles take every call
+                int4 += int(per_rank * int4_per_weight)
+                dense = dense if int4_dense else 0
             elif name in int8_forms:
                 int8 += int(per_rank * int8_forms[name])
             linear += dense

@@ -186,7 +186,7 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
                     if self.gated_act_mul is None:
                         self.gated_act_mul = self._gated_past_kernel
             if fallback is None and self.tiles_max_m != sys.maxsize:
-                raise RuntimeError("no dense fallback: needs the AMX tiles for every call")
+                raise RuntimeError("no dense fallback, and no AMX tiles here for the 4-bit calls")
             return
         self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
         self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
