@@ -29,13 +29,12 @@ from tests.conftest_models import PoolHarness
 
 
 def parse_fields(text: str) -> dict:
-    """'a=4,b=False' -> {'a': 4, 'b': False} (ints and booleans)."""
+    """'a=4,b=False,c=None' -> {'a': 4, 'b': False, 'c': None} (ints, booleans, None)."""
+    consts = {"True": True, "False": False, "None": None}
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        out[key] = {"True": True, "False": False}.get(value, None)
-        if out[key] is None:
-            out[key] = int(value)
+        out[key] = consts[value] if value in consts else int(value)
     return out
 
 

@@ -27,6 +27,7 @@
 #include "torch_api.h"
 #include "prefetch.h"
 #include "bf16_rows.h"
+#include "int4_chunks.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -63,9 +64,6 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16
   const int64_t K = X.K, ng = X.ng;
   constexpr int AC = (MB * NB >= 8) ? 1 : 2;  // accumulators per (row, block): chains
   const int64_t bstride = ng * kGroupBytes;    // bytes per block of 16 channels
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i bit4 = _mm512_set1_epi8(0x10);
-  const __m512i hi43 = _mm512_set1_epi8(0x43);
   __m512 tot[NB][MB];
   for (int b = 0; b < NB; ++b)
     for (int i = 0; i < MB; ++i) tot[b][i] = _mm512_setzero_ps();
@@ -81,21 +79,11 @@ inline void block_dot(const Rows& X, int64_t m0, const uint8_t* wp, const uint16
       const int64_t k0 = g * kGroup + 8 * ch;
       for (int b = 0; b < NB; ++b) {
         const uint8_t* gp = wp + (b0 + b) * bstride + g * kGroupBytes;
-        prefetch_ahead(gp + 64 * ch);
         if (ch == 0) prefetch_ahead(gp + 256);  // the masks' line (320-byte groups)
-        const __m512i p = _mm512_loadu_si512(gp + 64 * ch);
-        uint64_t mlo, mhi;
-        std::memcpy(&mlo, gp + 256 + 16 * ch, 8);
-        std::memcpy(&mhi, gp + 256 + 16 * ch + 8, 8);
-        __m512i lo = _mm512_and_si512(p, low4);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, bit4);
-        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, bit4);
+        __m512i wi[4];
+        unpack_q5_chunk(gp + 64 * ch, gp + 256 + 16 * ch, wi);
         __m512bh w[4];
-        w[0] = (__m512bh)_mm512_unpacklo_epi8(lo, hi43);
-        w[1] = (__m512bh)_mm512_unpackhi_epi8(lo, hi43);
-        w[2] = (__m512bh)_mm512_unpacklo_epi8(hi, hi43);
-        w[3] = (__m512bh)_mm512_unpackhi_epi8(hi, hi43);
+        for (int r = 0; r < 4; ++r) w[r] = (__m512bh)wi[r];
         for (int i = 0; i < MB; ++i) {
           for (int r = 0; r < 4; ++r) {
             int32_t pair;

@@ -3,10 +3,11 @@
 Shapes come from the model config, the safetensors headers or a GGUF file's tensor table.
 Every tensor costs `numel * dtype bytes` -- except with `quantization="fp8"` the linear
 projections (1 byte per element; planning only), and under `--quantization auto` on a bf16
-CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`, plus
-the dense fallback except on AMX CPUs) and `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a
-weight, or Q5_0's 5-bit groups, 22 / 32, on top of the dense fallback; a tied table's embedding reads the int8 rows, its
-head's fallback is the dense copy). Otherwise embeddings and lm_head stay in the run dtype.
+CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`) and
+`int8_forms` tensors (int8 groups, 1 + 4 / group bytes a weight, or Q5_0's 5-bit groups,
+22 / 32), each plus its dense fallback except on AMX CPUs (a tied table's embedding reads
+the int8 rows; its head's fallback is the dense copy). Otherwise embeddings and lm_head
+stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
 split across the `tp` ranks; k/v are split by KV head, and replicated when tp exceeds the
@@ -264,10 +265,12 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                      int8_forms: dict[str, float] | None = None) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
     checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
-    `quantization="int4"`: the `int4_names` projections also keep their int4 form (only
-    it on AMX CPUs: `LinearPolicy.int4_tiles_max_m`'s default).
+    `quantization="int4"`: the `int4_names` projections also keep their int4 form, the
+    `int8_forms` tensors their int8 / 5-bit groups (only those on AMX CPUs:
+    `LinearPolicy.int4_tiles_max_m`'s and `int8_tiles_max_m`'s defaults).
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
     own packed copy of the embedding."""
+    from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
     from radixlm.models.linear.int4 import (int4_bf16_kernel_usable, int4_bytes_per_weight,
                                             int4_tiles_usable)
 
@@ -280,6 +283,8 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     int4_bf16 = quantization == "int4" and dtype_bytes == 2 and int4_bf16_kernel_usable()
     int4_per_weight = int4_bytes_per_weight(dtype_bytes, bf16=int4_bf16)
     int4_dense = not (int4_bf16 and int4_tiles_usable())
+    # int8 / 5-bit groups (GGUF's groups of 16 or 32): no dense fallback on the AMX tiles
+    int8_dense = not (int8_forms and dtype_bytes == 2 and bf16_tiles_kernel() is not None)
     emb = head = linear = other = params = int4 = int8 = 0
     int8_table = False  # a vocabulary table kept as int8 groups (no dense copy)
     for name, shape in shapes.items():
@@ -293,7 +298,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                 # int8 groups (the embedding's rows, the head's one-row calls), plus the
                 # head's dense fallback: a tied table's under lm_head below.
                 int8_table = True
-                b = int(n * int8_forms[name]) + (0 if "embed_tokens" in name else b)
+                b = int(n * int8_forms[name]) + (b if int8_dense and "lm_head" in name else 0)
             params += n
             if "embed_tokens" in name:
                 emb += b
@@ -317,11 +322,13 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                 dense = dense if int4_dense else 0
             elif name in int8_forms:
                 int8 += int(per_rank * int8_forms[name])
+                dense = dense if int8_dense else 0
             linear += dense
         else:
             other += per_rank * dtype_bytes
     if int8_table and cfg.tie_word_embeddings:
-        head = -(-shapes["model.embed_tokens.weight"][0] // tp) * cfg.hidden_size * dtype_bytes
+        head = (-(-shapes["model.embed_tokens.weight"][0] // tp) * cfg.hidden_size * dtype_bytes
+                if int8_dense else 0)
     elif prepacked_head and cfg.tie_word_embeddings:
         head = emb
     # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import sys
 import time
 
 import gguf
@@ -173,7 +174,7 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     from radixlm.models.gguf_loader import open_gguf, unpermute_qk
     from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
     from radixlm.models.linear.bf16_tiles import TiledBf16Linear
-    from radixlm.models.linear.int8_groups import Int8GroupwiseLinear
+    from radixlm.models.linear.int8_groups import Int8GroupwiseLinear, int8_tiles_fit
     from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M
 
     (model, config), _ = bf16_pair
@@ -182,10 +183,14 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
                     layer.mlp.down_proj):
             assert isinstance(lin.method, Int4GroupwiseLinear)
     # The tied Q8_0 head: its int8 groups for calls of up to 8 rows over a prepacked dense
-    # head; the embedding reads the int8 rows (no dense table of its own).
+    # head, or on AMX the same groups on the tiles (no dense head); the embedding reads the
+    # int8 rows (no dense table of its own).
     head = model.logits_method
     assert isinstance(head, Int8GroupwiseLinear)
-    assert isinstance(head.fallback, (PrepackedLinear, TiledBf16Linear))  # (AMX: tiles)
+    if int8_tiles_fit(head.groups()):
+        assert head.fallback is None and head.tiles_max_m == sys.maxsize
+    else:
+        assert isinstance(head.fallback, (PrepackedLinear, TiledBf16Linear))
     assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 8
     assert model.model.embed_tokens.rows_method is head
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}

@@ -93,32 +93,8 @@ def test_offset_exact_finds_an_inexact_group() -> None:
     assert offset_exact(torch.zeros(1, 1, 16), torch.full((1, 1, 16), 0.3))  # padding d
 
 
-@needs_kernel
-def test_linear_method_takes_the_tiles_between_its_kernel_and_the_fallback() -> None:
-    """Rows past max_m up to tiles_max_m: the tiles (the fallback's result, bit for bit,
-    float32 x included, without calling it); further rows: the fallback."""
-    from radixlm.models.linear.bf16_tiles import TiledBf16Linear
-
-    groups = _groups(64, 96, seed=5)
-    fallback = TiledBf16Linear(groups.dequantize().to(torch.bfloat16))
-    calls: list[int] = []
-    real = fallback.forward
-    fallback.forward = lambda x, bias=None: calls.append(x.shape[0]) or real(x, bias)
-    method = Int4GroupwiseLinear(groups, fallback, 8, use_bf16=True, tiles_max_m=32)
-    assert method.tiles_max_m == 32
-    for rows in (9, 32):
-        x = torch.randn(rows, 96).bfloat16()
-        assert torch.equal(method(x), real(x))
-        assert torch.equal(method(x.float()), real(x.float()))
-    assert calls == []
-    assert method.bytes_read(32) == method.kernel_bytes() < fallback.bytes_read(32)
-    method(torch.randn(33, 96).bfloat16())
-    assert calls == [33]
-    x = torch.randn(20, 96).bfloat16()
-    assert torch.equal(method.gated_act_mul(x, False), fallback.gated_act_mul(x, False))
-    assert method.gated_act_mul(torch.randn(4, 96).bfloat16(), False) is None  # kernel rows
-    off = Int4GroupwiseLinear(groups, fallback, 8, use_bf16=True)
-    assert off.tiles_max_m == 8
+# Int4GroupwiseLinear's routing between its kernel, the tiles and the fallback:
+# test_int8_q5_tiles.py::test_methods_take_the_tiles_between_their_kernel_and_the_fallback.
 
 
 @needs_kernel

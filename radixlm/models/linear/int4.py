@@ -16,8 +16,6 @@ past max_m the dense copy's products.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
@@ -157,7 +155,6 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         if fallback is None and not (use_bf16 and tiles_max_m is None):
             raise RuntimeError("no dense fallback: needs the AMX tiles for every call")
         super().__init__(fallback, max_m)
-        self.tiles_max_m = max_m  # rows up to which no call takes the fallback
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.act_dtype = act_dtype
@@ -181,11 +178,9 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             if self._bf16 is not None and (tiles_max_m is None or tiles_max_m > max_m):
                 self._tiles = bf16_tiles_kernel()
                 if self._tiles is not None:
-                    self.tiles_max_m = sys.maxsize if tiles_max_m is None else tiles_max_m
                     self._exact_c = offset_exact(d, m)
-                    if self.gated_act_mul is None:
-                        self.gated_act_mul = self._gated_past_kernel
-            if fallback is None and self.tiles_max_m != sys.maxsize:
+                    self.use_tiles(tiles_max_m)
+            if fallback is None and self.tiles_max_m == max_m:
                 raise RuntimeError("no dense fallback, and no AMX tiles here for the 4-bit calls")
             return
         self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
@@ -199,30 +194,15 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             [groups.d.float().t(), zero.t()], dim=-1).to(act_dtype).contiguous(),
             persistent=False)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.max_m < x.shape[0] <= self.tiles_max_m:
-            xb = (x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)).contiguous()
-            args = (xb, self.q_bf16, self.d, self.m, self.out_features, bias, self._exact_c)
-            y = (torch.ops.radixlm.int4_tiles_matmul(*args) if torch.compiler.is_compiling()
-                 else self._tiles.bf16_tiles_q4_matmul(*args))
-            return y if y.dtype == x.dtype else y.to(x.dtype)
-        return super().forward(x, bias)
+    def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        args = (x, self.q_bf16, self.d, self.m, self.out_features, bias, self._exact_c)
+        if torch.compiler.is_compiling():
+            return torch.ops.radixlm.int4_tiles_matmul(*args)
+        return self._tiles.bf16_tiles_q4_matmul(*args)
 
-    def _gated_past_kernel(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
-        rows = x.shape[0]
-        if rows <= self.max_m or torch.compiler.is_compiling():
-            return None
-        if rows <= self.tiles_max_m:
-            if x.dtype != torch.bfloat16 or x.dim() != 2 or self.out_features % 32:
-                return None
-            return self._tiles.bf16_tiles_q4_gated(x.contiguous(), self.q_bf16, self.d,
-                                                   self.m, self.out_features // 2, gelu,
-                                                   self._exact_c)
-        return (super()._gated_past_kernel(x, gelu)
-                if self.fallback is not None and self.fallback.gated_act_mul else None)
-
-    def bytes_read(self, rows: int) -> int:
-        return self.kernel_bytes() if rows <= self.tiles_max_m else super().bytes_read(rows)
+    def tiles_gated(self, x: torch.Tensor, gelu: bool) -> torch.Tensor:
+        return self._tiles.bf16_tiles_q4_gated(x, self.q_bf16, self.d, self.m,
+                                               self.out_features // 2, gelu, self._exact_c)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16 is not None:

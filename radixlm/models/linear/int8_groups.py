@@ -6,11 +6,12 @@ form: q * s is exact in float32 (at most 24 significant bits), so `dequantize()`
 `gguf` package's dequantization bit for bit. The method computes with the C++ kernel
 `cpu_kernels/int8_groups.cpp` for calls of at most `max_m` rows: the activations
 quantized per group to int8 at run time (scale max|x| / 127, as llama.cpp's Q8_0 x Q8_0),
-int32 dot products per group, one read of the weight per call; larger calls go to
-`fallback`, a dense method holding the same values (the policy always gives one), or,
-built without one, the groups dequantized
-`_CHUNK_ROWS` rows at a time into a transient bf16 block. A tied embedding reads its rows
-from the same groups (`lookup`), equal to the dense lookup.
+int32 dot products per group, one read of the weight per call. Larger calls: with AMX-BF16
+(`tiles_max_m`), the groups dequantized into the tile GEMM's B tiles per call
+(`cpu_kernels/bf16_tiles.cpp`: the dense bf16 copy's products, bit for bit); past that,
+`fallback`, a dense method holding the same values, or, built without one and without the
+tiles, the groups dequantized `_CHUNK_ROWS` rows at a time into a transient bf16 block.
+A tied embedding reads its rows from the same groups (`lookup`), equal to the dense lookup.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 
 # Rows of a head dequantized per block when a large call has no dense fallback
@@ -94,6 +96,25 @@ def _(x, q, s, group_size):
     return x.new_empty(x.shape[0], q.shape[0], dtype=torch.float32)
 
 
+@torch.library.custom_op("radixlm::int8_tiles_matmul", mutates_args=(), device_types="cpu")
+def int8_tiles_matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group_size: int,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """bf16_tiles_q8_matmul (int8 groups on AMX tiles) as an op compiled graphs can hold."""
+    return bf16_tiles_kernel().bf16_tiles_q8_matmul(x, q, s, group_size, bias)
+
+
+@int8_tiles_matmul.register_fake
+def _(x, q, s, group_size, bias):
+    return x.new_empty(x.shape[0], q.shape[0])
+
+
+def int8_tiles_fit(groups: Int8Groups) -> bool:
+    """Can the groups' large calls run on the AMX tiles here (the tile kernel usable,
+    groups of 16 or 32)? Then the policy keeps no dense copy by default."""
+    return (groups.group_size in (16, 32) and groups.shape[1] % 32 == 0
+            and bf16_tiles_kernel() is not None)
+
+
 def int8_groups_kernel_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and int8_groups_kernel() is not None
 
@@ -102,7 +123,9 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
     format = "int8 groupwise"
 
     def __init__(self, groups: Int8Groups, fallback: LinearMethod | None, max_m: int,
-                 act_dtype: torch.dtype = torch.bfloat16) -> None:
+                 act_dtype: torch.dtype = torch.bfloat16, tiles_max_m: int | None = 0) -> None:
+        """tiles_max_m: calls up to that many rows on the AMX tiles where they fit
+        (`int8_tiles_fit`; None: every call), else none."""
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
@@ -110,6 +133,9 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
         self.register_buffer("s", groups.s.float().contiguous(), persistent=False)
         self.act_dtype = act_dtype
         self._kernel = int8_groups_kernel()
+        self._tiles = bf16_tiles_kernel() if int8_tiles_fit(groups) else None
+        if self._tiles is not None:
+            self.use_tiles(tiles_max_m)
 
     def groups(self) -> Int8Groups:
         return Int8Groups(self.q, self.s, self.group_size)
@@ -135,21 +161,22 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
         return y
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.shape[0] > self.max_m:
-            if self.fallback is not None:
-                return self.fallback.forward(x, bias)
+        if self.fallback is None and x.shape[0] > self.tiles_max_m:
             y = self._chunked(x)
-        else:
-            y = self.small(x.contiguous())
-        return y + bias if bias is not None else y
+            return y + bias if bias is not None else y
+        return super().forward(x, bias)
+
+    def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        args = (x, self.q, self.s, self.group_size, bias)
+        if torch.compiler.is_compiling():
+            return torch.ops.radixlm.int8_tiles_matmul(*args)
+        return self._tiles.bf16_tiles_q8_matmul(*args)
+
+    def tiles_gated(self, x: torch.Tensor, gelu: bool) -> torch.Tensor:
+        return self._tiles.bf16_tiles_q8_gated(x, self.q, self.s, self.group_size, gelu)
 
     def kernel_bytes(self) -> int:
         return self.q.numel() + self.s.numel() * 4
-
-    def bytes_read(self, rows: int) -> int:
-        if rows > self.max_m and self.fallback is not None:
-            return self.fallback.bytes_read(rows)
-        return self.kernel_bytes()
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Embedding rows `ids` in `dtype`: the dequantized rows, rounded once."""

@@ -14,6 +14,7 @@ the per-call reorder, 1.4-2x faster at decode sizes; docs/benchmarks.md).
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import torch
@@ -114,39 +115,77 @@ class PrepackedLinear(LinearMethod):
 
 
 class SmallBatchQuantized(LinearMethod):
-    """A weight-only quantized kernel for calls of at most `max_m` rows, and a dense
-    method (the same weights, dequantized once at load) for larger ones.
+    """A weight-only quantized kernel for calls of at most `max_m` rows; past them, up to
+    `tiles_max_m` rows, the same groups dequantized into AMX B tiles per call (`tiles`,
+    where a subclass has that path: `use_tiles`), and a dense method (the same weights,
+    dequantized once at load: `fallback`) for larger calls.
 
     PyTorch's CPU int4/int8 weight-only kernels read 4x/2x fewer bytes than bf16 and win
     while a call is bound by reading the weight (decode of a few requests), but they are
     several times slower than oneDNN's bf16 GEMM from about 8 rows on (docs/benchmarks.md):
-    so prefill and large decode batches take the dense path. Subclasses define
-    `small(x) -> x @ W.T` and keep their buffers."""
+    so prefill and large decode batches take the tiles or the dense path. Subclasses define
+    `small(x) -> x @ W.T` and keep their buffers. Invariant: a method without a fallback
+    takes every call past max_m on its tiles (`tiles_max_m` = sys.maxsize), or, for
+    Int8GroupwiseLinear's head, on its own large path."""
 
     def __init__(self, fallback: LinearMethod | None, max_m: int) -> None:
-        """fallback None: no dense path (an int8-group head computes large calls itself)."""
+        """fallback None: no dense path (the tiles, or the subclass, take large calls)."""
         super().__init__()
         self.fallback = fallback
         self.max_m = max_m
+        self.tiles_max_m = max_m  # rows up to which no call takes the fallback
         if fallback is not None and fallback.gated_act_mul is not None:
             # the fallback's fused path, for the calls past max_m rows it serves
+            self.gated_act_mul = self._gated_past_kernel
+
+    def use_tiles(self, tiles_max_m: int | None) -> None:
+        """Take calls past max_m up to `tiles_max_m` rows (None: every call) on `tiles` /
+        `tiles_gated`; at or below max_m: off."""
+        if tiles_max_m is not None and tiles_max_m <= self.max_m:
+            return
+        self.tiles_max_m = sys.maxsize if tiles_max_m is None else tiles_max_m
+        if self.gated_act_mul is None:
             self.gated_act_mul = self._gated_past_kernel
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, in] bf16 contiguous -> x @ W.T (+ bias) [M, out] bf16 on AMX tiles."""
+        raise NotImplementedError
+
+    def tiles_gated(self, x: torch.Tensor, gelu: bool) -> torch.Tensor:
+        """act(gate) * up [M, out / 2] bf16 for x [M, in] bf16 contiguous on AMX tiles."""
+        raise NotImplementedError
+
     def kernel_bytes(self) -> int:
-        """Bytes the small-batch kernel reads per call."""
+        """Bytes the small-batch kernel (and the tiles) read per call."""
         raise NotImplementedError
 
     def bytes_read(self, rows: int) -> int:
-        return self.fallback.bytes_read(rows) if rows > self.max_m else self.kernel_bytes()
+        if rows <= self.tiles_max_m or self.fallback is None:
+            return self.kernel_bytes()
+        return self.fallback.bytes_read(rows)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.shape[0] > self.max_m:
-            return self.fallback.forward(x, bias)
-        y = self.small(x.contiguous())
-        return y + bias if bias is not None else y
+        rows = x.shape[0]
+        if rows <= self.max_m:
+            y = self.small(x.contiguous())
+            return y + bias if bias is not None else y
+        if rows <= self.tiles_max_m:
+            xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+            y = self.tiles(xb.contiguous(), bias)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        return self.fallback.forward(x, bias)
 
     def _gated_past_kernel(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
-        return self.fallback.gated_act_mul(x, gelu) if x.shape[0] > self.max_m else None
+        rows = x.shape[0]
+        if rows <= self.max_m or torch.compiler.is_compiling():
+            return None
+        if rows <= self.tiles_max_m:
+            if x.dtype != torch.bfloat16 or x.dim() != 2 or self.out_features % 32:
+                return None
+            return self.tiles_gated(x.contiguous(), gelu)
+        if self.fallback is None or self.fallback.gated_act_mul is None:
+            return None
+        return self.fallback.gated_act_mul(x, gelu)

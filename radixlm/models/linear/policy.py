@@ -1,11 +1,11 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (int4_bf16
-                                          kernel; + dense fallback, none on AMX-BF16)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (int4_bf16)
     --quantization auto, bf16 CPU, GGUF Q5_0 -> Q5GroupwiseLinear (q5_bf16, AVX512-BF16)
-    --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (+ dense
-                                          fallback; a large LM head: `make_head_method`)
+    --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (a large LM
+                                          head: `make_head_method`); each of the three
+                                          + dense fallback, none on AMX-BF16
     --quantization int8, bfloat16 run     -> Int8WeightOnlyLinear (+ dense fallback)
     --quantization w8a8_int8, CPU         -> W8A8Int8Linear (oneDNN int8 x int8, every call)
     otherwise, CPU float32/bfloat16       -> TiledBf16Linear (bf16, AMX) or PrepackedLinear
@@ -32,7 +32,7 @@ from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.int8 import (Int8WeightOnlyLinear, int8_kernel_available,
                                         quantize_per_channel_int8)
 from radixlm.models.linear.int8_groups import (Int8Groups, Int8GroupwiseLinear,
-                                               int8_groups_kernel_runs_on)
+                                               int8_groups_kernel_runs_on, int8_tiles_fit)
 from radixlm.models.linear.method import (DenseLinear, Gemm, LinearMethod, PrepackedLinear,
                                           onednn_prepack_available, storage_key)
 from radixlm.models.linear.q5_bf16 import Q5GroupwiseLinear, fits_q5, q5_bf16_kernel_usable
@@ -74,6 +74,13 @@ class LinearPolicy:
     # prefill 0.96x); docs/benchmarks.md, "4-bit groups dequantized into AMX tiles".
     int4_tiles_max_m: int | None = None
     int8_groups_max_m: int = DEFAULT_INT8_GROUPS_MAX_M
+    # The same for the 5-bit (Q5_0) and int8-group (Q8_0 / Q6_K projections, the int8 LM
+    # head) methods: past their kernels' rows, on AMX-BF16, their groups dequantized into
+    # the tile GEMM's B tiles (the dense copy's products, bit for bit). None: every call,
+    # no dense copy; N: up to N rows; <= the kernel's rows: off.
+    # docs/benchmarks.md, "5-bit and int8 groups dequantized into AMX tiles".
+    q5_tiles_max_m: int | None = None
+    int8_tiles_max_m: int | None = None
     # Prepacked bf16 dense weights (and the quantized methods' dense fallbacks) on
     # radixlm's AMX tile kernel where the CPU has AMX-BF16, instead of oneDNN's: decode
     # steps of 16 / 32 rows 1.26x faster on the default model and Gemma 3, prefill of
@@ -104,6 +111,12 @@ class LinearPolicy:
         deterministic, bfloat16 activations, a device the int4 kernel runs on."""
         return (self.quantization == "auto" and self.gemm is None
                 and dtype == torch.bfloat16 and int4_kernel_runs_on(device))
+
+    def int8_tiles(self, groups: Int8Groups, q5: bool = False) -> int | None:
+        """The tiles_max_m an int8-group (or with `q5`, 5-bit) method of these groups gets
+        (0: off)."""
+        limit = self.q5_tiles_max_m if q5 else self.int8_tiles_max_m
+        return limit if self.amx_tiles and int8_tiles_fit(groups) else 0
 
     def keeps_int8(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Do a checkpoint's int8-group tensors (Q8_0, Q5_0, Q6_K) stay int8? As
@@ -142,9 +155,12 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
                                        use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
     if int8 is not None and policy.keeps_int8(dtype, device):
-        if policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8):
-            return Q5GroupwiseLinear(int8, dense(weight), policy.small_batch_max_m)
-        return Int8GroupwiseLinear(int8, dense(weight), policy.int8_groups_max_m)
+        q5 = policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8)
+        tiles = policy.int8_tiles(int8, q5)
+        fallback = None if tiles is None else dense(weight)
+        if q5:
+            return Q5GroupwiseLinear(int8, fallback, policy.small_batch_max_m, tiles_max_m=tiles)
+        return Int8GroupwiseLinear(int8, fallback, policy.int8_groups_max_m, tiles_max_m=tiles)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
@@ -154,8 +170,8 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
 
 # Vocabulary rows from which the LM head keeps int8 groups for calls of at most
-# `int8_groups_max_m` rows (larger: its dense prepacked fallback) and a tied embedding
-# reads them, its dense table dropped. Quiet 2-vCPU EPYC (Zen 4), two threads
+# `int8_groups_max_m` rows (larger: the AMX tiles, or its dense prepacked fallback) and a
+# tied embedding reads them, its dense table dropped. Quiet 2-vCPU EPYC (Zen 4), two threads
 # (scripts/bench_int8_groups.py, docs/benchmarks.md), int8 over prepacked bf16 at 1 / 2 /
 # 4 rows: 1.46x / 1.48x / 0.85x on Gemma 3's 262144 x 640 head, 2.23x / 2.30x / 0.99x on
 # SmolLM2's 49152 x 576. The same row limit as the projections keeps a speculative
@@ -166,13 +182,15 @@ INT8_HEAD_MIN_ROWS = 32768
 def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
                      policy: LinearPolicy) -> LinearMethod:
     """The LM head's method: its int8 groups (calls of up to `int8_groups_max_m` rows) over
-    the dense method of the same values (larger calls) when the policy keeps int8 and the
+    the AMX tiles or the dense method of the same values (larger calls; `int8_tiles`)
+    when the policy keeps int8 and the
     vocabulary is large (the head then reads the most bytes of any weight), else what
     `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
     if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
             and policy.keeps_int8(weight.dtype, weight.device)):
-        return Int8GroupwiseLinear(int8, make_linear_method(weight, None, policy),
-                                   policy.int8_groups_max_m)
+        tiles = policy.int8_tiles(int8)
+        fallback = None if tiles is None else make_linear_method(weight, None, policy)
+        return Int8GroupwiseLinear(int8, fallback, policy.int8_groups_max_m, tiles_max_m=tiles)
     return make_linear_method(weight, None, policy)
 
 

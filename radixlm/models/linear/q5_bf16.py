@@ -2,8 +2,10 @@
 q in -16..15 (GGUF's Q5_0), kept at their own size (0.6875 bytes a weight).
 
 Calls of at most `max_m` rows run the q5_bf16 C++ kernel (`cpu_kernels/q5_bf16.cpp`,
-layout `q5_bf16_blocks.py`; x unquantized: bf16 products, float32 sums); larger calls
-the dense fallback (`SmallBatchQuantized`). Built from Int8Groups that `fits_q5` (the
+layout `q5_bf16_blocks.py`; x unquantized: bf16 products, float32 sums); larger calls,
+with AMX-BF16, up to `tiles_max_m` rows the groups dequantized into the tile GEMM's B
+tiles (the dense copy's products, bit for bit), past that the dense fallback
+(`SmallBatchQuantized`; None with every call on the tiles). Built from Int8Groups that `fits_q5` (the
 loader's exact Q5_0 groups); `dequantized_weight()` is d * q in float32, the `gguf`
 package's dequantization bit for bit. Only where the kernel built with AVX512-BF16
 (`q5_bf16_kernel_usable`); elsewhere the policy keeps Int8GroupwiseLinear.
@@ -11,8 +13,11 @@ package's dequantization bit for bit. Only where the kernel built with AVX512-BF
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
+from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.int8_groups import Int8Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 from radixlm.models.linear.q5_bf16_blocks import (pack_q5_blocks, q5_scales,
@@ -53,10 +58,25 @@ def _(x, w, d, n):
     return x.new_empty(x.shape[0], n)
 
 
+@torch.library.custom_op("radixlm::q5_tiles_matmul", mutates_args=(), device_types="cpu")
+def q5_tiles_matmul(x: torch.Tensor, q5: torch.Tensor, d: torch.Tensor, n: int,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    """bf16_tiles_q5_matmul (5-bit groups on AMX tiles) as an op compiled graphs can hold."""
+    return bf16_tiles_kernel().bf16_tiles_q5_matmul(x, q5, d, n, bias)
+
+
+@q5_tiles_matmul.register_fake
+def _(x, q5, d, n, bias):
+    return x.new_empty(x.shape[0], n)
+
+
 class Q5GroupwiseLinear(SmallBatchQuantized):
     format = "5-bit groupwise (bf16 kernel)"
 
-    def __init__(self, groups: Int8Groups, fallback: LinearMethod, max_m: int) -> None:
+    def __init__(self, groups: Int8Groups, fallback: LinearMethod | None, max_m: int,
+                 tiles_max_m: int | None = 0) -> None:
+        """tiles_max_m: calls up to that many rows on the AMX tiles where the kernel is
+        usable (None: every call, and `fallback` may be None), else none."""
         super().__init__(fallback, max_m)
         kernel = q5_bf16_kernel()
         if kernel is None or not fits_q5(groups):
@@ -67,6 +87,12 @@ class Q5GroupwiseLinear(SmallBatchQuantized):
         self.register_buffer("q5", pack_q5_blocks(groups.q.to(torch.int16) + 16),
                              persistent=False)
         self.register_buffer("d", q5_scales(groups.s), persistent=False)
+        self._tiles = bf16_tiles_kernel()
+        if self._tiles is not None:
+            self.use_tiles(tiles_max_m)
+        if fallback is None and self.tiles_max_m != sys.maxsize:
+            raise ValueError("Q5GroupwiseLinear: no dense fallback needs the AMX tiles for "
+                             "every call (tiles_max_m None, the tile kernel usable)")
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         xa = x if x.dtype in (torch.float32, torch.bfloat16) else x.float()
@@ -75,6 +101,15 @@ class Q5GroupwiseLinear(SmallBatchQuantized):
         else:
             y = self._kernel.q5_bf16_matmul(xa, self.q5, self.d, self.out_features)
         return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        args = (x, self.q5, self.d, self.out_features, bias)
+        if torch.compiler.is_compiling():
+            return torch.ops.radixlm.q5_tiles_matmul(*args)
+        return self._tiles.bf16_tiles_q5_matmul(*args)
+
+    def tiles_gated(self, x: torch.Tensor, gelu: bool) -> torch.Tensor:
+        return self._tiles.bf16_tiles_q5_gated(x, self.q5, self.d, self.out_features // 2, gelu)
 
     def kernel_bytes(self) -> int:
         return self.q5.numel() + self.d.numel() * 2
