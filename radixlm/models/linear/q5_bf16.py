@@ -5,9 +5,9 @@ Calls of at most `max_m` rows run the q5_bf16 C++ kernel (`cpu_kernels/q5_bf16.c
 layout `q5_bf16_blocks.py`; x unquantized: bf16 products, float32 sums); larger calls,
 with AMX-BF16, up to `tiles_max_m` rows the groups dequantized into the tile GEMM's B
 tiles (the dense copy's products, bit for bit), past that the dense fallback
-(`SmallBatchQuantized`; None with every call on the tiles). Built from Int8Groups that `fits_q5` (the
-loader's exact Q5_0 groups); `dequantized_weight()` is d * q in float32, the `gguf`
-package's dequantization bit for bit. Only where the kernel built with AVX512-BF16
+(`SmallBatchQuantized`; None with every call on the tiles). Built from Int8Groups that
+`fits_q5` (the loader's exact Q5_0 groups); `dequantized_weight()` is d * q in float32,
+the `gguf` package's dequantization bit for bit. Only where the kernel built with AVX512-BF16
 (`q5_bf16_kernel_usable`); elsewhere the policy keeps Int8GroupwiseLinear.
 """
 
