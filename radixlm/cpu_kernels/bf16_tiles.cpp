@@ -59,10 +59,11 @@ constexpr int kResStride = 2 * kBlockN;
 // Blocks ahead of the one it dequantizes that an int8 block prefetches (its rows are
 // read column group by column group, 16 strided streams: without it half the speed).
 constexpr int64_t kQ8BlocksAhead = 4;
+constexpr int64_t kQ5GroupBytes = 320;  // q5_bf16 layout: 4 chunks of 64 bytes, 4 x 16 mask bytes
 
 // The weight sources of the entry points: the packed bf16 tiles (`w`, `block` bf16 per
 // block), or 4-bit groups in the int4_bf16 layout (q, d, m per block at their strides;
-// exact_c: one FMA per dequantized weight, see dequantize_group).
+// exact_c: one FMA per dequantized weight, see dequantize).
 struct Bf16Weight {
   const uint16_t* w;
   int64_t block;
@@ -243,7 +244,7 @@ inline void dequantize(const Q4Block<ExactC>& b, int64_t g, uint16_t* tile) {
 // and 144 d are exact in float32, and so is their difference d (q - 16)), rounded to bf16
 // as the dense copy's exact float32 value.
 inline void dequantize(const Q5Block& b, int64_t g, uint16_t* tile) {
-  const uint8_t* gp = b.q + g * 320;
+  const uint8_t* gp = b.q + g * kQ5GroupBytes;
   prefetch_ahead(gp + 256);  // the masks' line
   prefetch_ahead(b.d + g * kBlockN, kPrefetchBytes / 10);
   const __m512 d = _mm512_cvtph_ps(
@@ -598,7 +599,8 @@ static void check_q5(const torch::Tensor& x, const torch::Tensor& q, const torch
                      int64_t N, const char* what) {
   check_x(x, what);
   const int64_t nb = (N + kBlockN - 1) / kBlockN, ng = x.size(1) / kGroup;
-  TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() && q.numel() == nb * ng * 320,
+  TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() &&
+                  q.numel() == nb * ng * kQ5GroupBytes,
               what, ": q [ceil(N / 16), K / 32 * 320] uint8 contiguous");
   TORCH_CHECK(d.scalar_type() == torch::kHalf && d.is_contiguous() && d.numel() == nb * ng * kBlockN,
               what, ": d [ceil(N / 16), K / 32, 16] float16 contiguous");
@@ -660,7 +662,7 @@ static Q4Weight q4_weight(const torch::Tensor& q, const torch::Tensor& d, const 
 
 static Q5Weight q5_weight(const torch::Tensor& q, const torch::Tensor& d, int64_t K) {
   return {q.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr()),
-          K / kGroup * 320, (K / kGroup) * kBlockN};
+          K / kGroup * kQ5GroupBytes, (K / kGroup) * kBlockN};
 }
 
 static Q8Weight q8_weight(const torch::Tensor& q, const torch::Tensor& s, int64_t group) {

@@ -6,7 +6,7 @@ projections (1 byte per element; planning only), and under `--quantization auto`
 CPU run a GGUF's `int4_names` projections (their int4 form, `int4_bytes_per_weight`) and
 `int8_forms` tensors (int8 groups, 1 + 4 / group bytes a weight, or Q5_0's 5-bit groups,
 22 / 32), each plus its dense fallback except on AMX CPUs (a tied table's embedding reads
-the int8 rows; its head's fallback is the dense copy). Otherwise embeddings and lm_head
+the int8 rows; its head's fallback, where kept, is the dense copy). Otherwise embeddings and lm_head
 stay in the run dtype.
 
 Tensor parallelism (Megatron style, as SGLang/vLLM shard Llama): q/o and gate/up/down are
@@ -267,7 +267,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
     `quantization="int4"`: the `int4_names` projections also keep their int4 form, the
     `int8_forms` tensors their int8 / 5-bit groups (only those on AMX CPUs:
-    `LinearPolicy.int4_tiles_max_m`'s and `int8_tiles_max_m`'s defaults).
+    `LinearPolicy`'s `int4_tiles_max_m`, `q5_tiles_max_m`, `int8_tiles_max_m` defaults).
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
     own packed copy of the embedding."""
     from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
