@@ -1,7 +1,8 @@
 """Multi-process tensor-parallel test harness: spawned ranks on gloo, one CPU thread each.
 
-`spawn_ranks(fn, args, nprocs)` runs `fn(local_index, *args)` in `nprocs` spawned
-processes (torch.multiprocessing: a failing rank raises in the caller with its traceback).
+`spawn_ranks(fn, make_args, nprocs)` runs `fn(local_index, *make_args())` in `nprocs` spawned
+processes (torch.multiprocessing: a failing rank raises in the caller with its traceback);
+`make_args` picks the rendezvous ports, again for a retry when one was taken meanwhile.
 `drive_rank0` feeds requests into the real scheduler loop (`scheduler_loop.run_loop`) as the
 ZMQ inbox of the scheduler process would, and collects each request's output tokens.
 Kept free of pytest/transformers imports so spawned children start fast.
@@ -22,8 +23,22 @@ from radixlm.sampling_params import SamplingParams
 from radixlm.runtime.scheduler_loop import StepInputs, run_loop
 
 
-def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int) -> None:
-    tmp.spawn(fn, args=args, nprocs=nprocs, join=True)
+# A port picked free (`free_port`) can be taken before rank 0's store binds it.
+_PORT_TAKEN = ("EADDRINUSE", "address already in use")
+
+
+def spawn_ranks(fn: Callable[..., None], make_args: Callable[[], tuple], nprocs: int,
+                tries: int = 3) -> None:
+    """Up to `tries` attempts, each with fresh `make_args()`; only a rendezvous port taken
+    between picking and binding it is retried, any other failure raises at once."""
+    for attempt in range(tries):
+        try:
+            tmp.spawn(fn, args=make_args(), nprocs=nprocs, join=True)
+            return
+        except tmp.ProcessRaisedException as e:
+            text = str(e).lower()
+            if attempt + 1 == tries or not any(m.lower() in text for m in _PORT_TAKEN):
+                raise
 
 
 def child_setup() -> None:

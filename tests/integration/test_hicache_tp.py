@@ -70,7 +70,7 @@ def _rank_main(i: int, path: str, addr: str, storage: str, out_dir: str) -> None
 def test_tp2_storage_tier_restart(model, tmp_path) -> None:
     storage, out = tmp_path / "storage", tmp_path / "out"
     out.mkdir()
-    spawn_ranks(_rank_main, (model, f"127.0.0.1:{free_port()}", str(storage), str(out)),
+    spawn_ranks(_rank_main, lambda: (model, f"127.0.0.1:{free_port()}", str(storage), str(out)),
                 nprocs=2)
     first, again = read_json(out / "first.json"), read_json(out / "restart.json")
     assert first["cached"] == 0 and first["storage_hits"] == 0

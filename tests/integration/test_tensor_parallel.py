@@ -125,8 +125,9 @@ def _tp1_outputs(path: str) -> dict[str, list[int]]:
 
 
 def test_tp2_equals_tp1(models, tmp_path) -> None:
-    addrs = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    spawn_ranks(_rank_main, (models, addrs, str(tmp_path)), nprocs=2)
+    spawn_ranks(_rank_main, lambda: (
+        models, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], str(tmp_path)),
+        nprocs=2)
     for placement, model in (("one_node", "kv_split"), ("two_nodes", "kv_replicated")):
         got = read_json(os.path.join(tmp_path, f"{placement}.json"))
         want = _tp1_outputs(models[model])

@@ -88,4 +88,4 @@ def _rank_main(i: int, paths: dict[str, str], addr: str) -> None:
 
 
 def test_tp2_equals_tp1_for_each_family(models) -> None:
-    spawn_ranks(_rank_main, (models, f"127.0.0.1:{free_port()}"), nprocs=2)
+    spawn_ranks(_rank_main, lambda: (models, f"127.0.0.1:{free_port()}"), nprocs=2)

@@ -204,7 +204,7 @@ def _int4_tp_rank(rank: int, world: int, addr: str) -> None:
 
 
 def test_int4_layers_under_tp2() -> None:
-    spawn_ranks(_int4_tp_rank, (2, f"127.0.0.1:{free_port()}"), nprocs=2)
+    spawn_ranks(_int4_tp_rank, lambda: (2, f"127.0.0.1:{free_port()}"), nprocs=2)
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])

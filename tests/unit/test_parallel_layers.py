@@ -129,4 +129,4 @@ def _check_layers(ctx: ParallelContext) -> None:
 
 
 def test_two_ranks_sharded_equals_unsharded() -> None:
-    spawn_ranks(_layers_rank, (2, f"127.0.0.1:{free_port()}"), nprocs=2)
+    spawn_ranks(_layers_rank, lambda: (2, f"127.0.0.1:{free_port()}"), nprocs=2)
