@@ -305,8 +305,8 @@ inline void dequantize(const Q8Block& b, int64_t g, uint16_t* tile) {
     }
     const int8_t* src = b.q + c * b.K + g * kGroup;
     const float* s = b.s + c * sg;
-    const __m512 s0 = _mm512_set1_ps(b.group == kGroup ? s[g] : s[2 * g]);
-    const __m512 s1 = _mm512_set1_ps(b.group == kGroup ? s[g] : s[2 * g + 1]);
+    const __m512 s0 = _mm512_set1_ps(s[spg * g]);            // columns 0..15
+    const __m512 s1 = _mm512_set1_ps(s[spg * g + spg - 1]);  // columns 16..31
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))), s0);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(

@@ -152,8 +152,6 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
                  use_bf16: bool = False, tiles_max_m: int | None = 0) -> None:
         """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None)."""
-        if fallback is None and not (use_bf16 and tiles_max_m is None):
-            raise RuntimeError("no dense fallback: needs the AMX tiles for every call")
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
@@ -175,24 +173,27 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             d, m = scales(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
             self.register_buffer("m", m, persistent=False)
-            if self._bf16 is not None and (tiles_max_m is None or tiles_max_m > max_m):
-                self._tiles = bf16_tiles_kernel()
-                if self._tiles is not None:
-                    self._exact_c = offset_exact(d, m)
-                    self.use_tiles(tiles_max_m)
-            if fallback is None and self.tiles_max_m == max_m:
-                raise RuntimeError("no dense fallback, and no AMX tiles here for the 4-bit calls")
-            return
-        self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
-        self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
-        self.register_buffer("m", groups.m.float().contiguous(), persistent=False)
-        self.register_buffer("kernel_weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            groups.q.to(torch.int32).contiguous(), 1), persistent=False)
-        # [groups, out, 2]: the kernel's (scale, zero) per group and output row.
-        zero = groups.m.float() + 8 * groups.d.float()
-        self.register_buffer("kernel_scale_zeros", torch.stack(
-            [groups.d.float().t(), zero.t()], dim=-1).to(act_dtype).contiguous(),
-            persistent=False)
+            self._tiles = bf16_tiles_kernel() if self._bf16 is not None else None
+            if self._tiles is not None:
+                self._exact_c = offset_exact(d, m)
+                self.use_tiles(tiles_max_m)
+        else:
+            self.register_buffer("q_packed", pack_nibbles(groups.q), persistent=False)
+            self.register_buffer("d", groups.d.float().contiguous(), persistent=False)
+            self.register_buffer("m", groups.m.float().contiguous(), persistent=False)
+            self.register_buffer("kernel_weight",
+                                 torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                                     groups.q.to(torch.int32).contiguous(), 1),
+                                 persistent=False)
+            # [groups, out, 2]: the kernel's (scale, zero) per group and output row.
+            zero = groups.m.float() + 8 * groups.d.float()
+            self.register_buffer("kernel_scale_zeros", torch.stack(
+                [groups.d.float().t(), zero.t()], dim=-1).to(act_dtype).contiguous(),
+                persistent=False)
+        if fallback is None and not self.takes_every_large_call():
+            raise RuntimeError("no dense fallback: needs the 4-bit AMX tiles for every call "
+                               "past the kernel's rows (the int4_bf16 kernel, AMX-BF16, "
+                               "tiles_max_m None)")
 
     def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         args = (x, self.q_bf16, self.d, self.m, self.out_features, bias, self._exact_c)

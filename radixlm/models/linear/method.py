@@ -125,7 +125,7 @@ class SmallBatchQuantized(LinearMethod):
     several times slower than oneDNN's bf16 GEMM from about 8 rows on (docs/benchmarks.md):
     so prefill and large decode batches take the tiles or the dense path. Subclasses define
     `small(x) -> x @ W.T` and keep their buffers. Invariant: a method without a fallback
-    takes every call past max_m on its tiles (`tiles_max_m` = sys.maxsize), or, for
+    takes every call past max_m on its tiles (`takes_every_large_call`), or, for
     Int8GroupwiseLinear's head, on its own large path."""
 
     def __init__(self, fallback: LinearMethod | None, max_m: int) -> None:
@@ -146,6 +146,10 @@ class SmallBatchQuantized(LinearMethod):
         self.tiles_max_m = sys.maxsize if tiles_max_m is None else tiles_max_m
         if self.gated_act_mul is None:
             self.gated_act_mul = self._gated_past_kernel
+
+    def takes_every_large_call(self) -> bool:
+        """Do the tiles take every call past max_m (what a method without fallback needs)?"""
+        return self.tiles_max_m == sys.maxsize
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -13,8 +13,6 @@ the `gguf` package's dequantization bit for bit. Only where the kernel built wit
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
@@ -90,7 +88,7 @@ class Q5GroupwiseLinear(SmallBatchQuantized):
         self._tiles = bf16_tiles_kernel()
         if self._tiles is not None:
             self.use_tiles(tiles_max_m)
-        if fallback is None and self.tiles_max_m != sys.maxsize:
+        if fallback is None and not self.takes_every_large_call():
             raise ValueError("Q5GroupwiseLinear: no dense fallback needs the AMX tiles for "
                              "every call (tiles_max_m None, the tile kernel usable)")
 
