@@ -12,7 +12,10 @@ allocator leaves them. Configurations: batch 32 x 160 positions, one layer (its 
 the caches) and 30 layers (each its own pool buffer, as in a decode step), batch 1 x 160;
 float32 and bfloat16. Each round times old then new (interleaved); the table gives the
 median per-layer-call time over the rounds and old / new, and the same for the fastest
-round (on a loaded machine the least disturbed one).
+round (on a loaded machine the least disturbed one). `--paths` adds this checkout's
+kernel built without its AMX kernel (new-dp: the AVX512-BF16 dot products, as CPUs
+without AMX run it) and without either bf16 kernel (new-f32: the float32 block kernel),
+timed in the same rounds; each line gives old / kernel as the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--length", type=int, default=160)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--paths", action="store_true",
+                    help="also time this checkout's dp and float32 block paths (variants built "
+                         "with -DRADIXLM_DECODE_AMX=0 / -DRADIXLM_DECODE_DPBF16=0)")
     ap.add_argument("--only", default="", help="comma-separated config labels to run, e.g. f32-32x1")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: this process's CPU time (on a loaded machine the time a thread "
@@ -101,6 +107,15 @@ def main() -> int:
     if new_mod is None:
         raise SystemExit("this checkout's kernel did not build")
     new = new_mod.paged_decode_attention
+    kernels = {"old": old, "new": new}
+    if args.paths:
+        source = REPO / KERNEL_DIR / "decode_attention.cpp"
+        for name, flags in (("new-dp", ("-DRADIXLM_DECODE_AMX=0",)),
+                            ("new-f32", ("-DRADIXLM_DECODE_AMX=0", "-DRADIXLM_DECODE_DPBF16=0"))):
+            module = build_extension(f"decode_attention_bench_{name[4:]}", source, flags)
+            if module is None:
+                raise SystemExit(f"the {name} variant did not build")
+            kernels[name] = module.paged_decode_attention
     h, kvh, d, L = args.heads, args.kv_heads, args.head_dim, args.length
     scale = d ** -0.5
     print(f"torch threads {torch.get_num_threads()}, heads {h}/{kvh}, head_dim {d}, "
@@ -117,15 +132,21 @@ def main() -> int:
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(new(q, *pool[0], r2t, rows, lens, scale, 0).float(), ref,
                                        rtol=tol, atol=tol)
-            times = {"old": [], "new": []}
+            times = {name: [] for name in kernels}
             for _ in range(args.rounds):
-                for name, fn in (("old", old), ("new", new)):
+                for name, fn in kernels.items():
                     times[name].append(time_pass(fn, q, pool, r2t, rows, lens, scale, calls, clock))
             t_old, t_new = (statistics.median(times[k]) * 1e3 for k in ("old", "new"))
             m_old, m_new = (min(times[k]) * 1e3 for k in ("old", "new"))
             label = f"{str(dtype).split('.')[-1]} B={batch} L={L} layers={n_layers}"
             print(f"{label:<34} {t_old:8.3f} {t_new:8.3f} {t_old / t_new:7.2f}x   "
                   f"({m_old:.3f}, {m_new:.3f}, {m_old / m_new:.2f}x)", flush=True)
+            if args.paths:
+                ratios = {name: statistics.median(o / t for o, t in zip(times["old"], ts))
+                          for name, ts in times.items() if name != "old"}
+                print(" " * 36 + ", ".join(f"{name} {statistics.median(times[name]) * 1e3:.3f} ms "
+                                           f"({ratio:.2f}x)" for name, ratio in ratios.items()),
+                      flush=True)
     return 0
 
 

@@ -29,6 +29,10 @@ VARIANTS: dict[tuple[str, int], tuple[str, ...]] = {
     ("int4_bf16", 1): ("-DRADIXLM_INT4_AMX=0",),
     ("sampling", 8): ("-DRADIXLM_SIMD_LANES=8",),
     ("decode_attention", 8): ("-DRADIXLM_SIMD_LANES=8",),
+    # decode_attention_path() 1 and 0: the bf16 dot-product kernel, and neither bf16 kernel
+    # (the float32 block kernel), as CPUs without AMX / without AVX512-BF16 build it.
+    ("decode_attention", 1): ("-DRADIXLM_DECODE_AMX=0",),
+    ("decode_attention", 0): ("-DRADIXLM_DECODE_AMX=0", "-DRADIXLM_DECODE_DPBF16=0"),
 }
 
 

@@ -33,6 +33,14 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// Load a configuration record. GCC's _tile_loadconfig names only the record's first 8
+// bytes as read by its asm: the barrier keeps the compiler from dropping the stores to
+// the rest (it did, for a record filled with constants).
+inline void load_config(const TileConfig& cfg) {
+  asm volatile("" : : "m"(cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 // Load a configuration of tiles 0..n-1 with rows[t] rows of 64 bytes (0: unused).
 inline void configure(const int* rows, int n) {
   TileConfig cfg;
@@ -40,7 +48,7 @@ inline void configure(const int* rows, int n) {
     cfg.rows[t] = static_cast<uint8_t>(rows[t]);
     cfg.colsb[t] = rows[t] > 0 ? 64 : 0;
   }
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
 }  // namespace amx_tiles

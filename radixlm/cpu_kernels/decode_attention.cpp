@@ -17,11 +17,15 @@
 //                request do (row j sees the drafts of rows 0..j-1)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
-// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Scores,
-// softmax and the weighted sum are float32. float32 and bf16 KV with a head_dim that is a
-// multiple of 2 * kLanes (simd.h: 16 lanes with AVX-512, else 8) take the block kernel
-// (kLanes positions per step, scores in the lanes of one vector, online softmax); float16
-// KV and other head_dims the row kernel (one dot product per score, two-pass softmax).
+// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Which
+// kernel: bf16 queries and KV, head_dim 64 or 128, groups of 3 or 4 (SmolLM2; Gemma 3,
+// Llama 3) take the AMX kernel (decode_amx.h) where AMX-BF16 runs, else the bf16
+// dot-product kernel (decode_dpbf16.h) where AVX512-BF16 does: both multiply bf16 and
+// round the probabilities to bf16 for P V, as flash attention does. Otherwise float32
+// and bf16 KV with a head_dim that is a multiple of 2 * kLanes (simd.h: 16 lanes with
+// AVX-512, else 8) take the block kernel (kLanes positions per step, scores in the lanes
+// of one vector, online softmax, all float32); float16 KV and other head_dims the row
+// kernel (one dot product per score, two-pass softmax).
 #include "torch_api.h"
 #include <ATen/Parallel.h>
 
@@ -31,11 +35,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "decode_amx.h"
+#include "decode_dpbf16.h"
+#include "decode_task.h"
 #include "fast_exp.h"
 #include "simd.h"
 
-
 namespace {
+
+using namespace decode_task;
 
 template <typename T>
 inline void to_float(const T* x, float* y, int64_t d) {
@@ -55,15 +63,8 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t d
   return s;
 }
 
-// Rows are read through req_to_token (a gather the hardware prefetcher cannot predict
-// across slots): ask for the row kAhead positions on while this one is computed.
+// The row kernel asks for the row kAhead positions on while this one is computed.
 constexpr int64_t kAhead = 8;
-
-template <typename T>
-inline void prefetch_row(const T* x, int64_t d) {
-  const char* p = reinterpret_cast<const char*>(x);
-  for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
-}
 
 // In place: s[0, L) -> softmax(s).
 inline void softmax(float* __restrict s, int64_t L) {
@@ -78,42 +79,6 @@ inline void softmax(float* __restrict s, int64_t L) {
   for (int64_t l = 0; l < L; ++l) s[l] *= inv;
 }
 
-// The step's K/V rows to write into the pool (KvWrite::k == nullptr: none).
-template <typename q_t>
-struct KvWrite {
-  const q_t* k = nullptr;
-  const q_t* v = nullptr;
-  int64_t k_stride = 0, v_stride = 0;  // between requests, in elements
-  const int64_t* loc = nullptr;
-};
-
-template <typename q_t, typename kv_t>
-inline void write_row(const q_t* src, kv_t* dst, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<kv_t>(static_cast<float>(src[i]));
-}
-
-// The step's K and V rows of (request b, KV head h) into the pool at slot loc[b].
-template <typename q_t, typename kv_t>
-inline void write_kv(const KvWrite<q_t>& kv, int64_t b, int64_t h, int64_t KVH, int64_t D,
-                     kv_t* kb, kv_t* vb) {
-  const int64_t slot = kv.loc[b];
-  write_row(kv.k + b * kv.k_stride + h * D, kb + (slot * KVH + h) * D, D);
-  write_row(kv.v + b * kv.v_stride + h * D, vb + (slot * KVH + h) * D, D);
-}
-
-// A task's start, shared by both kernels: the step's K/V row of (b, h) written into the
-// pool (the fused write), and the visible positions [first, lens[b]) (all, or the last
-// `window`): returns their slots, *L their count.
-template <typename q_t, typename kv_t>
-inline const int32_t* begin_task(int64_t b, int64_t h, int64_t KVH, int64_t D, kv_t* kb,
-                                 kv_t* vb, const int32_t* r2t, int64_t r2t_stride,
-                                 const int64_t* rows, const int64_t* lens, int64_t window,
-                                 const KvWrite<q_t>& kv, int64_t* L) {
-  if (kv.k != nullptr) write_kv(kv, b, h, KVH, D, kb, vb);
-  const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
-  *L = lens[b] - first;
-  return r2t + rows[b] * r2t_stride + first;
-}
 
 // Whether the block kernel below covers head_dim D (else decode_rows).
 inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
@@ -296,6 +261,7 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   });
 }
 
+
 // The row kernel (16-bit KV, and head_dims the block kernel does not cover): a row at a
 // time, each score one dot product; scores kept for a two-pass softmax. DC as above.
 template <typename q_t, typename kv_t, int DC>
@@ -362,6 +328,34 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
       // bf16 KV: the block kernel with the group fused (GC) was 1.27-1.51x the row kernel
       // on an AMX Xeon (docs/benchmarks.md); one head at a time it was 0.84-0.91x on a
       // Zen 4 EPYC at 30 layers (KV from memory): re-measure there.
+#if RADIXLM_DECODE_DPBF16
+      // bf16 queries and KV in groups of 3 or 4: the AMX kernel, else the dp kernel (1.9-2.1x
+      // and 1.7-1.9x the block kernel's issue-time version at batch 32 x 160 on an AMX
+      // Xeon; docs/benchmarks.md, "Decode attention on AMX tiles").
+      if constexpr (std::is_same_v<q_t, c10::BFloat16> && std::is_same_v<kv_t, c10::BFloat16>
+                    && DC != 0) {
+#if RADIXLM_DECODE_AMX
+        if (amx_tiles::amx_permitted()) {
+          const auto amx = [&](auto gc) {
+            amx_decode::decode_amx<DC, decltype(gc)::value>(
+                q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+                r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+                lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
+          };
+          if (H == 3 * KVH) return amx(std::integral_constant<int, 3>{});
+          if (H == 4 * KVH) return amx(std::integral_constant<int, 4>{});
+        }
+#endif
+        const auto dp = [&](auto gc) {
+          decode_dp::decode_blocks_dp<DC, decltype(gc)::value>(
+              q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+              r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+              lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
+        };
+        if (H == 3 * KVH) return dp(std::integral_constant<int, 3>{});
+        if (H == 4 * KVH) return dp(std::integral_constant<int, 4>{});
+      }
+#endif
       if constexpr (std::is_same_v<kv_t, float> || std::is_same_v<kv_t, c10::BFloat16>) {
         if (blocked(D)) {
           const auto blocks = [&](auto gc) {
@@ -439,7 +433,18 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
   return out;
 }
 
+// 2: the AMX kernel, 1: the bf16 dot-product kernel, 0: neither (for bf16 in groups of 3, 4).
+int64_t decode_attention_path() {
+#if RADIXLM_DECODE_AMX
+  if (amx_tiles::amx_permitted()) return 2;
+#endif
+  return RADIXLM_DECODE_DPBF16;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention_path", &decode_attention_path,
+        "bf16 queries and KV in groups of 3 or 4: 2 the AMX kernel, 1 the bf16 dot-product "
+        "kernel, 0 the float32 block kernel.");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over the paged KV pool (see the file's header).", py::arg("q"),
         py::arg("k_buf"), py::arg("v_buf"), py::arg("req_to_token"), py::arg("rows"),

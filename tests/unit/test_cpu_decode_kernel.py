@@ -218,3 +218,93 @@ def test_backend_decode_equals_the_gather_path(window):
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(*pools))
     assert torch.equal(pools[0][0][loc], k_new)
+
+
+def _bf16_kernel(path):
+    """The kernel taking bf16 queries and KV in groups of 3 and 4 on `path`: 2 the AMX
+    tiles, 1 the AVX512-BF16 dot products, 0 the float32 block kernel (the variants are
+    this source built without the faster paths; a path the CPU lacks is skipped)."""
+    from radixlm.cpu_kernels.build import load_kernel
+    from tests.kernel_variants import variant
+
+    native = load_kernel("decode_attention")
+    if native.decode_attention_path() < path:
+        pytest.skip(f"this CPU does not run decode attention path {path}")
+    module = native if native.decode_attention_path() == path else variant("decode_attention", path)
+    assert module.decode_attention_path() == path
+    return module
+
+
+@pytest.mark.parametrize("path", [2, 1, 0])
+@pytest.mark.parametrize("heads,kvh,d", [(9, 3, 64), (8, 2, 64), (6, 2, 128), (4, 1, 128)])
+@pytest.mark.parametrize("window", [0, 40])
+def test_bf16_paths_match_reference(path, heads, kvh, d, window):
+    """Each bf16 path against the float64 reference, over lengths around its blocks: 16
+    positions (scores), 32 (the AMX P V step), 64 (an AMX score round of four blocks) and
+    several rounds, one request per length so that a thread runs several tasks (the AMX
+    kernel asks for the next task's rows meanwhile); with a sliding window too."""
+    module = _bf16_kernel(path)
+    lengths = [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 300]
+    q, k_buf, v_buf, r2t, rows, _ = _case(len(lengths), heads, kvh, d, torch.bfloat16, 300,
+                                          seed=heads * d + window)
+    lens = torch.tensor(lengths)
+    out = module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, window)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, window)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("path", [2, 1])
+@pytest.mark.parametrize("rising", [True, False])
+def test_bf16_paths_steep_scores(path, rising):
+    """Scores rising or falling steeply along the positions (a new max in every block, or
+    none): the dp kernel rescales what it summed, the AMX kernel's max is the whole
+    row's; scores far below the max get weight 0 and no NaN."""
+    module = _bf16_kernel(path)
+    d, n = 64, 150
+    q, k_buf, v_buf, r2t, rows, lens = _case(2, 6, 2, d, torch.float32, n, seed=13)
+    lens = torch.tensor([n, n - 5])
+    ramp = torch.linspace(-3, 3, n) if rising else torch.linspace(3, -3, n)
+    for i in range(2):
+        slots = r2t[rows[i], :n].long()
+        k_buf[slots] = ramp.view(n, 1, 1) * q[i, ::3].view(1, 2, d) * 0.6
+    q, k_buf, v_buf = q.bfloat16(), k_buf.bfloat16(), v_buf.bfloat16()
+    out = module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("path", [2, 1])
+def test_bf16_paths_read_only_the_requests_slots(path):
+    """NaN in every K row and huge values in every V row outside the requests' positions
+    change nothing (the zero rows past a request's end, not the pool's, fill its blocks)."""
+    module = _bf16_kernel(path)
+    q, k_buf, v_buf, r2t, rows, lens = _case(5, 9, 3, 64, torch.bfloat16, 70, seed=21)
+    lens = torch.tensor([1, 17, 33, 64, 70])
+    out = module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, 0.125)
+    used = torch.zeros(k_buf.shape[0], dtype=torch.bool)
+    for i in range(5):
+        used[r2t[rows[i], :lens[i]].long()] = True
+    k_buf[~used] = float("nan")
+    v_buf[~used] = 1e30
+    torch.testing.assert_close(module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, 0.125),
+                               out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", [2, 1])
+def test_bf16_paths_fused_write_equals_set_kv(path):
+    """The fused write (the step's own K/V written, then attended) on the bf16 paths gives
+    what writing the pool first and attending gives, and writes only loc."""
+    module = _bf16_kernel(path)
+    b, heads, kvh, d = 6, 8, 2, 128
+    q, k_buf, v_buf, r2t, rows, lens = _case(b, heads, kvh, d, torch.bfloat16, 50, seed=31)
+    loc = torch.stack([r2t[rows[i], lens[i] - 1] for i in range(b)]).long()
+    g = torch.Generator().manual_seed(32)
+    k = torch.randn(b, kvh, d, generator=g).bfloat16()
+    v = torch.randn(b, kvh, d, generator=g).bfloat16()
+    k_ref, v_ref = k_buf.clone(), v_buf.clone()
+    k_ref[loc], v_ref[loc] = k, v
+    ref = module.paged_decode_attention(q, k_ref, v_ref, r2t, rows, lens, d ** -0.5)
+    out = module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, 0, k, v, loc)
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
