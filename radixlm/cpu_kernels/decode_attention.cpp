@@ -329,9 +329,9 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
       // on an AMX Xeon (docs/benchmarks.md); one head at a time it was 0.84-0.91x on a
       // Zen 4 EPYC at 30 layers (KV from memory): re-measure there.
 #if RADIXLM_DECODE_DPBF16
-      // bf16 queries and KV in groups of 3 or 4: the AMX kernel, else the dp kernel (1.9-2.1x
-      // and 1.7-1.9x the block kernel's issue-time version at batch 32 x 160 on an AMX
-      // Xeon; docs/benchmarks.md, "Decode attention on AMX tiles").
+      // bf16 queries and KV in groups of 3 or 4: the AMX kernel, else the dp kernel (both
+      // 1.3-1.4x this file's block kernel at batch 32 x 160 with K/V in cache on an AMX
+      // Xeon; docs/benchmarks.md, "Decode attention on AMX tiles and bf16 dot products").
       if constexpr (std::is_same_v<q_t, c10::BFloat16> && std::is_same_v<kv_t, c10::BFloat16>
                     && DC != 0) {
 #if RADIXLM_DECODE_AMX
