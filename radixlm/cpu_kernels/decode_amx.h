@@ -198,7 +198,7 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
       }
       // 2. Softmax: the max per interleaved lane (past L: -inf), then per head. The first
       // V rows are asked for first (pass 3 asks for the rest a round ahead).
-      for (int64_t l = 0; l < std::min<int64_t>(L, 32); ++l) prefetch_row(row(vb, l), 64);
+      for (int64_t l = 0; l < std::min<int64_t>(L, 32); ++l) prefetch_row(row(vb, l), D);
       __m512 mx[GC];
       for (int k = 0; k < GC; ++k) mx[k] = _mm512_set1_ps(-INFINITY);
       for (int64_t l0 = 0; l0 < L16; l0 += 16) {
@@ -249,8 +249,9 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
         for (int64_t l0 = 0; l0 < L; l0 += 32) {
           Row64* vp = s.vpairs.data() + ((l0 / 32) & 1) * 64;
           for (int i = 0; i < 16; ++i) {
+            // Whole rows in the first sweep (128 dims: the second finds its halves cached).
             for (int64_t l = l0 + 32 + 2 * i; l < std::min<int64_t>(L, l0 + 34 + 2 * i); ++l)
-              prefetch_row(row(vb, l) + d0, 64);
+              prefetch_row(row(vb, l) + d0, d0 == 0 ? D : 64);
             if (const int64_t l = l0 / 2 + i; d0 == 0 && l < L_next)  // 16 a round
               prefetch_row(kb + (static_cast<int64_t>(slots_next[l]) * KVH + h_next) * D, D);
             const bf16* x = row(vb, l0 + 2 * i) + d0;

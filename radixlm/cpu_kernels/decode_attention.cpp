@@ -18,10 +18,11 @@
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Which
-// kernel: bf16 queries and KV, head_dim 64 or 128, groups of 3 or 4 (SmolLM2; Gemma 3,
-// Llama 3) take the AMX kernel (decode_amx.h) where AMX-BF16 runs, else the bf16
-// dot-product kernel (decode_dpbf16.h) where AVX512-BF16 does: both multiply bf16 and
-// round the probabilities to bf16 for P V, as flash attention does. Otherwise float32
+// kernel: bf16 queries and KV with head_dim 64 or 128 take the AMX kernel (decode_amx.h)
+// where AMX-BF16 runs, for groups of 1-4, 6, 7 and 8 (MHA; Qwen3, Gemma 2; SmolLM2, Llama
+// 3.2 3B; Llama 3, Mistral; Qwen2.5), else, for groups of 3 and 4, the bf16 dot-product
+// kernel (decode_dpbf16.h) where AVX512-BF16 does: both multiply bf16 and round the
+// probabilities to bf16 for P V, as flash attention does. Otherwise float32
 // and bf16 KV with a head_dim that is a multiple of 2 * kLanes (simd.h: 16 lanes with
 // AVX-512, else 8) take the block kernel (kLanes positions per step, scores in the lanes
 // of one vector, online softmax, all float32); float16 KV and other head_dims the row
@@ -329,7 +330,7 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
       // on an AMX Xeon (docs/benchmarks.md); one head at a time it was 0.84-0.91x on a
       // Zen 4 EPYC at 30 layers (KV from memory): re-measure there.
 #if RADIXLM_DECODE_DPBF16
-      // bf16 queries and KV in groups of 3 or 4: the AMX kernel, else the dp kernel (both
+      // bf16 queries and KV: the AMX kernel, else the dp kernel for groups of 3, 4 (both
       // 1.3-1.4x this file's block kernel at batch 32 x 160 with K/V in cache on an AMX
       // Xeon; docs/benchmarks.md, "Decode attention on AMX tiles and bf16 dot products").
       if constexpr (std::is_same_v<q_t, c10::BFloat16> && std::is_same_v<kv_t, c10::BFloat16>
@@ -342,8 +343,16 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
                 r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
                 lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
           };
-          if (H == 3 * KVH) return amx(std::integral_constant<int, 3>{});
-          if (H == 4 * KVH) return amx(std::integral_constant<int, 4>{});
+          switch (H / KVH) {  // the groups of common models (MHA, Qwen3, Llama, Qwen2.5)
+            case 1: return amx(std::integral_constant<int, 1>{});
+            case 2: return amx(std::integral_constant<int, 2>{});
+            case 3: return amx(std::integral_constant<int, 3>{});
+            case 4: return amx(std::integral_constant<int, 4>{});
+            case 6: return amx(std::integral_constant<int, 6>{});
+            case 7: return amx(std::integral_constant<int, 7>{});
+            case 8: return amx(std::integral_constant<int, 8>{});
+            default: break;
+          }
         }
 #endif
         const auto dp = [&](auto gc) {
@@ -433,7 +442,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_buf, torch
   return out;
 }
 
-// 2: the AMX kernel, 1: the bf16 dot-product kernel, 0: neither (for bf16 in groups of 3, 4).
+// 2: the AMX kernel, 1: the bf16 dot-product kernel, 0: neither (what bf16 queries and KV
+// with head_dim 64 or 128 in groups of 3 or 4 take).
 int64_t decode_attention_path() {
 #if RADIXLM_DECODE_AMX
   if (amx_tiles::amx_permitted()) return 2;
@@ -443,7 +453,7 @@ int64_t decode_attention_path() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention_path", &decode_attention_path,
-        "bf16 queries and KV in groups of 3 or 4: 2 the AMX kernel, 1 the bf16 dot-product "
+        "bf16 queries and KV (head_dim 64, 128) in groups of 3 or 4: 2 the AMX kernel, 1 the bf16 dot-product "
         "kernel, 0 the float32 block kernel.");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over the paged KV pool (see the file's header).", py::arg("q"),
