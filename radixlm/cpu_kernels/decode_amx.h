@@ -55,7 +55,7 @@ using decode_task::visible_slots;
 
 // Tile numbers (the intrinsics take literals). Pass 1: 2..5 the q^T chunks (2, 3 for 64
 // dims), 1 and 6 a K block's even and odd 32-dim chunks, the scores of a round's blocks in
-// 0, 7 (and 4, 5 for 64 dims). Pass 2: 0..3 P V's float tiles, 4 P, 5..7 V pairs (rotating).
+// 0, 7 (and 4, 5 for 64 dims). Pass 3: 0..3 P V's float tiles, 4 P, 5..7 V pairs (rotating).
 inline void configure_scores(int gc, int r_count) {
   amx_tiles::TileConfig cfg;
   for (int t : {0, 7, 4, 5}) {
@@ -109,7 +109,6 @@ struct Deinterleave {
 };
 
 struct alignas(64) Row64 { uint16_t w[32]; };  // one 64-byte tile row
-
 
 template <int DC, int GC>
 struct Scratch {

@@ -80,7 +80,6 @@ inline void softmax(float* __restrict s, int64_t L) {
   for (int64_t l = 0; l < L; ++l) s[l] *= inv;
 }
 
-
 // Whether the block kernel below covers head_dim D (else decode_rows).
 inline bool blocked(int64_t D) { return D > 0 && D % (2 * kLanes) == 0; }
 
@@ -93,6 +92,9 @@ struct Scratch {
   std::vector<float> m;           // [G] running max
   std::vector<vf> lsum;           // [G] softmax sums by lane
   std::vector<vf> part;           // [G, kLanes] a block's partial score vectors (GC > 0)
+  Scratch(int64_t G, int64_t D)
+      : qf(G * D), acc(G * D), p(G * kLanes), zero(D, static_cast<kv_t>(0.f)), m(G), lsum(G),
+        part(G * kLanes) {}
 };
 
 // The online softmax's step for query head g over one block: its scores sc (lanes past
@@ -137,14 +139,7 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   int order_i[kLanes];
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    Scratch<kv_t> s;
-    s.qf.resize(G * D);
-    s.acc.resize(G * D);
-    s.p.resize(G * kLanes);
-    s.zero.assign(D, static_cast<kv_t>(0.f));
-    s.m.resize(G);
-    s.lsum.resize(G);
-    s.part.resize(G * kLanes);
+    Scratch<kv_t> s(G, D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
       int64_t L;
@@ -453,8 +448,8 @@ int64_t decode_attention_path() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention_path", &decode_attention_path,
-        "bf16 queries and KV (head_dim 64, 128) in groups of 3 or 4: 2 the AMX kernel, 1 the bf16 dot-product "
-        "kernel, 0 the float32 block kernel.");
+        "bf16 queries and KV (head_dim 64, 128) in groups of 3 or 4: 2 the AMX kernel, "
+        "1 the bf16 dot-product kernel, 0 the float32 block kernel.");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over the paged KV pool (see the file's header).", py::arg("q"),
         py::arg("k_buf"), py::arg("v_buf"), py::arg("req_to_token"), py::arg("rows"),

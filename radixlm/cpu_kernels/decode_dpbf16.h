@@ -87,12 +87,14 @@ inline void write_unpacked(const float* acc, float inv, int64_t D, const UndoUnp
 // and 64, and one burst of a block's 32 rows, on an AMX Xeon).
 constexpr int64_t kDpAhead = 16;
 
-// The online softmax's scratch of one thread (reused across its tasks).
+// The online softmax's scratch of one thread (reused across its tasks), for G heads of D dims.
 struct Scratch {
-  std::vector<float> acc, p;             // [GC, D] sums (the unpack's dim order), [GC, 16]
+  std::vector<float> acc, p;             // [G, D] sums (the unpack's dim order), [G, 16]
   std::vector<c10::BFloat16> zero;       // [D] zeros: the rows of a block's missing positions
-  std::vector<float> m;                  // [GC] running max
-  std::vector<vf> lsum, part;            // [GC] sums by lane, [GC, 16] partial score vectors
+  std::vector<float> m;                  // [G] running max
+  std::vector<vf> lsum, part;            // [G] sums by lane, [G, 16] partial score vectors
+  Scratch(int64_t G, int64_t D)
+      : acc(G * D), p(G * kLanes), zero(D, c10::BFloat16(0.f)), m(G), lsum(G), part(G * kLanes) {}
 };
 
 // The bf16 dot-product kernel: bf16 queries and KV, head_dim DC (a multiple of 32), GC
@@ -124,13 +126,7 @@ void decode_blocks_dp(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* 
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
   const UndoUnpack undo;
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    Scratch s;
-    s.acc.resize(GC * D);
-    s.p.resize(GC * kLanes);
-    s.zero.assign(D, static_cast<bf16>(0.f));
-    s.m.resize(GC);
-    s.lsum.resize(GC);
-    s.part.resize(GC * kLanes);
+    Scratch s(GC, D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, h = task % KVH;
       int64_t L;
