@@ -2,7 +2,7 @@
 // RADIXLM_DECODE_AMX says whether it is compiled in; the caller checks
 // amx_tiles::amx_permitted() before calling it.
 //
-// Invariants: bf16 queries and KV, head_dim 64 or 128; the output equals softmax(q K^T
+// Invariants: bf16 queries and KV, head_dim 64, 128 or 256; the output equals softmax(q K^T
 // scale) V up to bf16 rounding of the probabilities (their sum is of the rounded values).
 #pragma once
 
@@ -32,7 +32,7 @@
 #include "fast_exp.h"
 #include "simd.h"
 
-// The AMX kernel: bf16 queries and KV, head_dim DC (64 or 128), GC query heads per KV
+// The AMX kernel: bf16 queries and KV, head_dim DC (64, 128 or 256), GC query heads per KV
 // head, on AMX-BF16 tiles, in passes over the task's positions (no online rescaling):
 //   1. scores: per 16 positions their K rows (copied into a contiguous block) times q^T
 //      (GC columns: the query in the tile's pair layout), a tile of 16 positions x GC
@@ -54,8 +54,9 @@ using decode_task::prefetch_row;
 using decode_task::visible_slots;
 
 // Tile numbers (the intrinsics take literals). Pass 1: 2..5 the q^T chunks (2, 3 for 64
-// dims), 1 and 6 a K block's even and odd 32-dim chunks, the scores of a round's blocks in
-// 0, 7 (and 4, 5 for 64 dims). Pass 3: 0..3 P V's float tiles, 4 P, 5..7 V pairs (rotating).
+// dims; for 256 dims 2 and 3 reloaded per block with the even and odd chunks), 1 and 6 a K
+// block's even and odd 32-dim chunks, the scores of a round's blocks in 0, 7 (and 4, 5 for
+// 64 and 256 dims). Pass 3: 0..3 P V's float tiles, 4 P, 5..7 V pairs (rotating).
 inline void configure_scores(int gc, int r_count) {
   amx_tiles::TileConfig cfg;
   for (int t : {0, 7, 4, 5}) {
@@ -125,11 +126,13 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
                 int64_t r2t_stride, const int64_t* rows, const int64_t* lens,
                 c10::BFloat16* out, int64_t B, int64_t KVH, float scale, int64_t window,
                 KvWrite<c10::BFloat16> kv) {
-  static_assert(DC % 64 == 0 && DC <= 128 && GC >= 1 && GC <= 16, "head_dim 64 or 128");
+  static_assert((DC == 64 || DC == 128 || DC == 256) && GC >= 1 && GC <= 16, "head_dim 64, 128, 256");
   using bf16 = c10::BFloat16;
   constexpr int64_t D = DC;
   constexpr int R = DC / 32;  // 32-dim chunks of a row
-  constexpr int kRound = R == 2 ? 4 : 2;  // blocks of 16 positions a round (C tiles free)
+  // q^T stays in tiles 2..1+R up to 128 dims; 256 reloads it per block through tiles 2, 3.
+  constexpr bool kQtResident = R <= 4;
+  constexpr int kRound = R == 4 ? 2 : 4;  // blocks of 16 positions a round (C tiles free)
   const int64_t HQ = GC * KVH;
   const Deinterleave<GC> deint;
   const decode_dp::UndoUnpack undo;
@@ -153,11 +156,13 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
           for (int g = 0; g < GC; ++g)
             reinterpret_cast<uint32_t*>(s.qt[r * 16 + i].w)[g] = qb[(g * D + 32 * r) / 2 + i];
       // 1. Scores.
-      configure_scores(GC, R);
-      _tile_loadd(2, s.qt.data(), 64);
-      if constexpr (R > 1) _tile_loadd(3, s.qt.data() + 16, 64);
-      if constexpr (R > 2) _tile_loadd(4, s.qt.data() + 32, 64);
-      if constexpr (R > 3) _tile_loadd(5, s.qt.data() + 48, 64);
+      configure_scores(GC, kQtResident ? R : 2);
+      if constexpr (kQtResident) {
+        _tile_loadd(2, s.qt.data(), 64);
+        if constexpr (R > 1) _tile_loadd(3, s.qt.data() + 16, 64);
+        if constexpr (R > 2) _tile_loadd(4, s.qt.data() + 32, 64);
+        if constexpr (R > 3) _tile_loadd(5, s.qt.data() + 48, 64);
+      }
       for (int64_t l0 = 0; l0 < L; l0 += 16 * kRound) {
         Row64* blk = s.kblock.data() + ((l0 / (16 * kRound)) & 1) * kRound * 16 * R;
         const int64_t nb = std::min<int64_t>(kRound, (L - l0 + 15) / 16);
@@ -172,11 +177,22 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
   if (bi < nb) {                                                                          \
     const Row64* kbk = blk + bi * 16 * R;                                                 \
     _tile_zero(CT);                                                                       \
-    _tile_loadd(1, kbk, 64 * R);                                                          \
-    _tile_dpbf16ps(CT, 1, 2);                                                             \
-    if constexpr (R > 1) { _tile_loadd(6, kbk + 1, 64 * R); _tile_dpbf16ps(CT, 6, 3); }  \
-    if constexpr (R > 2) { _tile_loadd(1, kbk + 2, 64 * R); _tile_dpbf16ps(CT, 1, 4); }  \
-    if constexpr (R > 3) { _tile_loadd(6, kbk + 3, 64 * R); _tile_dpbf16ps(CT, 6, 5); }  \
+    if constexpr (kQtResident) {                                                          \
+      _tile_loadd(1, kbk, 64 * R);                                                        \
+      _tile_dpbf16ps(CT, 1, 2);                                                           \
+      if constexpr (R > 1) { _tile_loadd(6, kbk + 1, 64 * R); _tile_dpbf16ps(CT, 6, 3); } \
+      if constexpr (R > 2) { _tile_loadd(1, kbk + 2, 64 * R); _tile_dpbf16ps(CT, 1, 4); } \
+      if constexpr (R > 3) { _tile_loadd(6, kbk + 3, 64 * R); _tile_dpbf16ps(CT, 6, 5); } \
+    } else {                                                                              \
+      for (int r = 0; r < R; r += 2) {                                                    \
+        _tile_loadd(1, kbk + r, 64 * R);                                                  \
+        _tile_loadd(2, s.qt.data() + 16 * r, 64);                                         \
+        _tile_dpbf16ps(CT, 1, 2);                                                         \
+        _tile_loadd(6, kbk + r + 1, 64 * R);                                              \
+        _tile_loadd(3, s.qt.data() + 16 * (r + 1), 64);                                   \
+        _tile_dpbf16ps(CT, 6, 3);                                                         \
+      }                                                                                   \
+    }                                                                                     \
   }
 #define RADIXLM_SCORE_STORE(CT, bi) \
   if (bi < nb) _tile_stored(CT, s.inter.data() + (l0 + 16 * bi) * GC, 4 * GC);

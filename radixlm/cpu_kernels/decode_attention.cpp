@@ -18,10 +18,11 @@
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
 // and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Which
-// kernel: bf16 queries and KV with head_dim 64 or 128 take the AMX kernel (decode_amx.h)
-// where AMX-BF16 runs, for groups of 1-4, 6, 7 and 8 (MHA; Qwen3, Gemma 2; SmolLM2, Llama
-// 3.2 3B; Llama 3, Mistral; Qwen2.5), else, for groups of 3 and 4, the bf16 dot-product
-// kernel (decode_dpbf16.h) where AVX512-BF16 does: both multiply bf16 and round the
+// kernel: bf16 queries and KV take the AMX kernel (decode_amx.h) where AMX-BF16 runs, with
+// head_dim 64 or 128 for groups of 1-4, 6, 7 and 8 (MHA; Qwen3, Gemma 2; SmolLM2, Llama
+// 3.2 3B; Llama 3, Mistral; Qwen2.5) and 256 for groups of 1, 2, 4 and 8 (Gemma 2, 3),
+// else, head_dim 64 or 128 in groups of 3 and 4, the bf16 dot-product kernel
+// (decode_dpbf16.h) where AVX512-BF16 does: both multiply bf16 and round the
 // probabilities to bf16 for P V, as flash attention does. Otherwise float32
 // and bf16 KV with a head_dim that is a multiple of 2 * kLanes (simd.h: 16 lanes with
 // AVX-512, else 8) take the block kernel (kLanes positions per step, scores in the lanes
@@ -328,36 +329,48 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
       // bf16 queries and KV: the AMX kernel, else the dp kernel for groups of 3, 4 (both
       // 1.3-1.4x this file's block kernel at batch 32 x 160 with K/V in cache on an AMX
       // Xeon; docs/benchmarks.md, "Decode attention on AMX tiles and bf16 dot products").
-      if constexpr (std::is_same_v<q_t, c10::BFloat16> && std::is_same_v<kv_t, c10::BFloat16>
-                    && DC != 0) {
+      if constexpr (std::is_same_v<q_t, c10::BFloat16> && std::is_same_v<kv_t, c10::BFloat16>) {
 #if RADIXLM_DECODE_AMX
         if (amx_tiles::amx_permitted()) {
-          const auto amx = [&](auto gc) {
-            amx_decode::decode_amx<DC, decltype(gc)::value>(
+          const auto amx = [&](auto dc, auto gc) {
+            amx_decode::decode_amx<decltype(dc)::value, decltype(gc)::value>(
                 q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
                 r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
                 lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
           };
-          switch (H / KVH) {  // the groups of common models (MHA, Qwen3, Llama, Qwen2.5)
-            case 1: return amx(std::integral_constant<int, 1>{});
-            case 2: return amx(std::integral_constant<int, 2>{});
-            case 3: return amx(std::integral_constant<int, 3>{});
-            case 4: return amx(std::integral_constant<int, 4>{});
-            case 6: return amx(std::integral_constant<int, 6>{});
-            case 7: return amx(std::integral_constant<int, 7>{});
-            case 8: return amx(std::integral_constant<int, 8>{});
-            default: break;
+          using std::integral_constant;
+          if constexpr (DC != 0) {
+            switch (H / KVH) {  // the groups of common models (MHA, Qwen3, Llama, Qwen2.5)
+              case 1: return amx(integral_constant<int, DC>{}, integral_constant<int, 1>{});
+              case 2: return amx(integral_constant<int, DC>{}, integral_constant<int, 2>{});
+              case 3: return amx(integral_constant<int, DC>{}, integral_constant<int, 3>{});
+              case 4: return amx(integral_constant<int, DC>{}, integral_constant<int, 4>{});
+              case 6: return amx(integral_constant<int, DC>{}, integral_constant<int, 6>{});
+              case 7: return amx(integral_constant<int, DC>{}, integral_constant<int, 7>{});
+              case 8: return amx(integral_constant<int, DC>{}, integral_constant<int, 8>{});
+              default: break;
+            }
+          } else if (D == 256) {  // Gemma 2 and 3 (groups of 2 and 4; 1 and 8 for tests' sake)
+            switch (H / KVH) {
+              case 1: return amx(integral_constant<int, 256>{}, integral_constant<int, 1>{});
+              case 2: return amx(integral_constant<int, 256>{}, integral_constant<int, 2>{});
+              case 4: return amx(integral_constant<int, 256>{}, integral_constant<int, 4>{});
+              case 8: return amx(integral_constant<int, 256>{}, integral_constant<int, 8>{});
+              default: break;
+            }
           }
         }
 #endif
-        const auto dp = [&](auto gc) {
-          decode_dp::decode_blocks_dp<DC, decltype(gc)::value>(
-              q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
-              r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
-              lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
-        };
-        if (H == 3 * KVH) return dp(std::integral_constant<int, 3>{});
-        if (H == 4 * KVH) return dp(std::integral_constant<int, 4>{});
+        if constexpr (DC != 0) {
+          const auto dp = [&](auto gc) {
+            decode_dp::decode_blocks_dp<DC, decltype(gc)::value>(
+                q.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>(),
+                r2t.data_ptr<int32_t>(), r2t.stride(0), rows.data_ptr<int64_t>(),
+                lens.data_ptr<int64_t>(), out.data_ptr<q_t>(), B, KVH, scale, window, kv);
+          };
+          if (H == 3 * KVH) return dp(std::integral_constant<int, 3>{});
+          if (H == 4 * KVH) return dp(std::integral_constant<int, 4>{});
+        }
       }
 #endif
       if constexpr (std::is_same_v<kv_t, float> || std::is_same_v<kv_t, c10::BFloat16>) {

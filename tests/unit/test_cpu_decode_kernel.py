@@ -238,14 +238,15 @@ def _bf16_kernel(path):
 @pytest.mark.parametrize("path", [2, 1, 0])
 @pytest.mark.parametrize("heads,kvh,d", [(9, 3, 64), (8, 2, 64), (6, 2, 128), (4, 1, 128),
                                          (4, 4, 64), (8, 4, 128), (12, 2, 64), (14, 2, 64),
-                                         (16, 2, 128)])
+                                         (16, 2, 128), (4, 1, 256), (8, 4, 256)])
 @pytest.mark.parametrize("window", [0, 40])
 def test_bf16_paths_match_reference(path, heads, kvh, d, window):
     """Each bf16 path against the float64 reference, over lengths around its blocks: 16
     positions (scores), 32 (the AMX P V step), 64 (an AMX score round of four blocks) and
     several rounds, one request per length so that a thread runs several tasks (the AMX
     kernel asks for the next task's rows meanwhile); with a sliding window too. Groups of
-    1, 2, 6, 7 and 8 take the AMX kernel on path 2 and the float32 block kernel else."""
+    1, 2, 6, 7 and 8 and head_dim 256 (Gemma) take the AMX kernel on path 2 and the
+    float32 block kernel else."""
     module = _bf16_kernel(path)
     lengths = [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 300]
     q, k_buf, v_buf, r2t, rows, _ = _case(len(lengths), heads, kvh, d, torch.bfloat16, 300,
