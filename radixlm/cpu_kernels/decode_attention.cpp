@@ -350,7 +350,7 @@ void dispatch_kv(const torch::Tensor& q, torch::Tensor& k_buf, torch::Tensor& v_
               case 8: return amx(integral_constant<int, DC>{}, integral_constant<int, 8>{});
               default: break;
             }
-          } else if (D == 256) {  // Gemma 2 and 3 (groups of 2 and 4; 1 and 8 for tests' sake)
+          } else if (D == 256) {  // Gemma: 1 (7B), 2 (Gemma 2, Gemma 3 4B-27B), 4 (270M, 1B), 8
             switch (H / KVH) {
               case 1: return amx(integral_constant<int, 256>{}, integral_constant<int, 1>{});
               case 2: return amx(integral_constant<int, 256>{}, integral_constant<int, 2>{});

@@ -238,7 +238,8 @@ def _bf16_kernel(path):
 @pytest.mark.parametrize("path", [2, 1, 0])
 @pytest.mark.parametrize("heads,kvh,d", [(9, 3, 64), (8, 2, 64), (6, 2, 128), (4, 1, 128),
                                          (4, 4, 64), (8, 4, 128), (12, 2, 64), (14, 2, 64),
-                                         (16, 2, 128), (4, 1, 256), (8, 4, 256)])
+                                         (16, 2, 128), (4, 1, 256), (8, 4, 256), (2, 2, 256),
+                                         (8, 1, 256)])
 @pytest.mark.parametrize("window", [0, 40])
 def test_bf16_paths_match_reference(path, heads, kvh, d, window):
     """Each bf16 path against the float64 reference, over lengths around its blocks: 16
