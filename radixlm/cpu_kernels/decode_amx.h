@@ -234,10 +234,7 @@ void decode_amx(const c10::BFloat16* q, c10::BFloat16* kb, c10::BFloat16* vb, co
           __m512 v[GC];
           for (int k = 0; k < GC; ++k) v[k] = _mm512_loadu_ps(s.inter.data() + l0 * GC + 16 * k);
           const __m512 x = _mm512_fmsub_ps(deint.head(v, g), _mm512_set1_ps(scale), ms);
-          const vf e = exp_vec(reinterpret_cast<const vf&>(x));
-          const vu u = reinterpret_cast<const vu&>(e);
-          const vu rb = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-          vf pr = reinterpret_cast<const vf&>(rb);
+          vf pr = round_bf16(exp_vec(reinterpret_cast<const vf&>(x)));
           if (l0 + 16 > L) pr = (lane_index() + static_cast<float>(l0)) < static_cast<float>(L) ? pr : vf{};
           sum += pr;
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(pg + l0),

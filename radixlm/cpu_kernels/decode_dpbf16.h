@@ -42,10 +42,7 @@ using decode_task::prefetch_row;
 inline float softmax_step_dp(float& m, vf& lsum, float* p_out, vf sc, vf valid) {
   sc = valid != 0.f ? sc : splat(-INFINITY);
   const float m_new = std::max(m, hmax(sc));
-  const vf p = exp_vec(sc - m_new) * valid;
-  const vu u = reinterpret_cast<const vu&>(p);
-  const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;  // p >= 0 and finite
-  const vf pr = reinterpret_cast<const vf&>(r);
+  const vf pr = round_bf16(exp_vec(sc - m_new) * valid);
   const float corr = exp_approx(m - m_new);  // m = -inf (first block): ~0, nothing to rescale
   m = m_new;
   lsum = lsum * corr + pr;

@@ -86,6 +86,14 @@ inline int64_t row_index(int64_t i) {
   }
 }
 
+// Each lane rounded to bf16 precision (nearest, ties to even; the low 16 bits zero), as
+// activations.h's bf16_store rounds one value; for finite lanes.
+inline vf round_bf16(vf x) {
+  const vu u = reinterpret_cast<const vu&>(x);
+  const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  return reinterpret_cast<const vf&>(r);
+}
+
 inline float hsum(vf v) {
   float s = 0.f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
