@@ -65,10 +65,10 @@ class ServerArgs:
         "(radixlm memory); the engine refuses them.",
         ["auto", "bfloat16", "float16", "float32", "fp8_e4m3", "fp8_e5m2"])
     quantization: str = _opt(
-        "auto", "Weight format of the linear layers. auto: a GGUF's Q4_0/Q4_1 layers keep "
-        "their 4-bit weights (int4 groupwise kernel for decode batches of up to 4 requests, "
-        "the same weights dequantized for larger calls; bfloat16 CPU runs only), everything "
-        "else dense; none: dequantize everything to the run dtype; int8: quantize dense "
+        "auto", "Weight format of the linear layers. auto: a GGUF's Q4_0/Q4_1/Q4_K layers "
+        "keep their 4-bit weights and Q8_0/Q5_0/Q6_K ones their int8 groups (CPU kernels for "
+        "decode batches, the same weights dequantized for larger calls; bfloat16 CPU runs, "
+        "and float32 ones on CPUs with AVX2), everything else dense; none: dequantize everything to the run dtype; int8: quantize dense "
         "weights to int8 weight-only per output channel at load (bfloat16 CPU runs); "
         "w8a8_int8: int8 weights per output channel and int8 activations per token, "
         "oneDNN's int8 GEMM for every call (CPU; fast with VNNI/AMX). "

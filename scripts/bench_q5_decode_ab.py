@@ -1,9 +1,11 @@
 """Gemma 3 270M Q4_K_M (or --model) decode steps of `--batch` requests (default 1) under two or more
 linear policies, every model in one process and their steps interleaved (A, B, A, B, ...),
 so that a shared, loaded machine disturbs all alike. Eager forward through the real pools
-(tests' PoolHarness), bf16 KV. Default policies: Q5_0 layers on the q5_bf16 kernel vs as
-int8 groups (`LinearPolicy(q5_kernel=False)`, the path before); `--policy` (repeated)
-gives others as LinearPolicy("auto") fields, e.g. the int8-group row limit:
+(tests' PoolHarness), KV in the run's dtype (`--dtype`, default bfloat16). Default
+policies: Q5_0 layers on the q5_bf16 kernel vs as int8 groups
+(`LinearPolicy(q5_kernel=False)`, the path before); `--policy` (repeated) gives others
+as LinearPolicy("auto") fields, e.g. the int8-group row limit (on AVX2, e.g. `--dtype
+float32 --policy quantization=none --policy groups_f32_max_m=32`):
 
     PYTHONPATH=$PWD RADIXLM_CACHE_DIR=... python scripts/bench_q5_decode_ab.py \
         [--steps 64] [--threads 1] [--batch 4] \
@@ -29,12 +31,14 @@ from tests.conftest_models import PoolHarness
 
 
 def parse_fields(text: str) -> dict:
-    """'a=4,b=False,c=None' -> {'a': 4, 'b': False, 'c': None} (ints, booleans, None)."""
+    """'a=4,b=False,c=None,q=none' -> {'a': 4, 'b': False, 'c': None, 'q': 'none'} (ints,
+    booleans, None, else the string)."""
     consts = {"True": True, "False": False, "None": None}
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        out[key] = consts[value] if value in consts else int(value)
+        out[key] = (consts[value] if value in consts
+                    else int(value) if value.lstrip("-").isdigit() else value)
     return out
 
 
@@ -45,27 +49,31 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--model", help="a GGUF (default: Gemma 3 270M Q4_K_M)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="the run's dtype, the KV cache's too")
     ap.add_argument("--prefill-len", type=int, default=0,
                     help="also time prefills of this many tokens (one request, interleaved)")
     ap.add_argument("--prefill-reps", type=int, default=5)
     ap.add_argument("--policy", action="append", default=[],
                     help="FIELD=VALUE[,FIELD=VALUE]: a LinearPolicy('auto') variant")
     args = ap.parse_args()
-    variants = [(text, LinearPolicy("auto", **parse_fields(text))) for text in args.policy] or [
+    variants = [(text, LinearPolicy(**{"quantization": "auto", **parse_fields(text)}))
+                for text in args.policy] or [
         ("q5_bf16", LinearPolicy("auto")), ("int8 groups", LinearPolicy("auto", q5_kernel=False))]
     if args.threads:
         torch.set_num_threads(args.threads)
     path = args.model or gemma3_270m_gguf()
+    dtype = getattr(torch, args.dtype)
     runs = {}
     for name, policy in variants:
-        model, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=policy)
+        model, cfg = load_model(path, dtype, "cpu", linear_policy=policy)
         mb = sum(m.bytes_read(args.batch) for m in top_level_methods(model)) / 1e6
         per = args.prompt_len + args.steps + 8
         extra = args.prefill_reps if args.prefill_len else 0
         h = PoolHarness(model, cfg, max_requests=args.batch + extra,
                         max_context=max(per, args.prefill_len),
                         num_slots=args.batch * per + extra * args.prefill_len + 8,
-                        kv_dtype=torch.bfloat16)
+                        kv_dtype=dtype)
         rows = [h.new_request() for _ in range(args.batch)]
         with torch.inference_mode():
             for b, row in enumerate(rows):

@@ -271,6 +271,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
     own packed copy of the embedding."""
     from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
+    from radixlm.models.linear.groups_f32 import groups_f32_usable
     from radixlm.models.linear.int4 import (int4_bf16_kernel_usable, int4_bytes_per_weight,
                                             int4_tiles_usable)
 
@@ -281,10 +282,13 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     int8_forms = int8_forms if quantization == "int4" else {}
     # int4 projections: their form's bytes, and no dense fallback where the 4-bit tiles run
     int4_bf16 = quantization == "int4" and dtype_bytes == 2 and int4_bf16_kernel_usable()
-    int4_per_weight = int4_bytes_per_weight(dtype_bytes, bf16=int4_bf16)
+    f32 = quantization == "int4" and dtype_bytes == 4 and groups_f32_usable()
+    int4_per_weight = int4_bytes_per_weight(dtype_bytes, bf16=int4_bf16, f32=f32)
     int4_dense = not (int4_bf16 and int4_tiles_usable())
-    # int8 / 5-bit groups (GGUF's groups of 16 or 32): no dense fallback on the AMX tiles
+    # int8 / 5-bit groups (GGUF's groups of 16 or 32): no dense fallback on the AMX tiles;
+    # a float32 run's int8 head none either (groups_f32 takes its every call)
     int8_dense = not (int8_forms and dtype_bytes == 2 and bf16_tiles_kernel() is not None)
+    head_dense = int8_dense and not f32
     emb = head = linear = other = params = int4 = int8 = 0
     int8_table = False  # a vocabulary table kept as int8 groups (no dense copy)
     for name, shape in shapes.items():
@@ -298,7 +302,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                 # int8 groups (the embedding's rows, the head's one-row calls), plus the
                 # head's dense fallback: a tied table's under lm_head below.
                 int8_table = True
-                b = int(n * int8_forms[name]) + (b if int8_dense and "lm_head" in name else 0)
+                b = int(n * int8_forms[name]) + (b if head_dense and "lm_head" in name else 0)
             params += n
             if "embed_tokens" in name:
                 emb += b
@@ -328,7 +332,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
             other += per_rank * dtype_bytes
     if int8_table and cfg.tie_word_embeddings:
         head = (-(-shapes["model.embed_tokens.weight"][0] // tp) * cfg.hidden_size * dtype_bytes
-                if int8_dense else 0)
+                if head_dense else 0)
     elif prepacked_head and cfg.tie_word_embeddings:
         head = emb
     # RoPE cos/sin cache: [max_position_embeddings, head_dim] in the run dtype, per rank

@@ -251,8 +251,12 @@ def test_get_server_info_reports_the_scheduler_start_up(server: str) -> None:
     else:
         assert dtype["reason"] == "CPU has neither amx_bf16 nor avx512_bf16", dtype
     assert httpx.get(server + "/server_info", timeout=30).json()["dtype"] == info["dtype"]
-    # --quantization auto: the default GGUF's Q4_1 layers stay 4-bit on a bf16 CPU run.
+    # --quantization auto: the default GGUF's Q4_1 layers stay 4-bit on a bf16 CPU run,
+    # and on a float32 one with AVX2, FMA and F16C (the groups_f32 kernel), its Q8_0 head
+    # as int8 groups too.
     formats = info["memory_plan"]["weight_formats"]
     assert sum(formats.values()) == info["memory_plan"]["weight_bytes"]
-    assert ("int4 groupwise" in formats) == bool(bf16)
+    avx2 = {"avx2", "fma", "f16c"} <= machine_facts.cpu_flags()
+    assert ("int4 groupwise" in formats) == bool(bf16 or avx2)
+    assert ("int8 groupwise" in formats) == bool(bf16 or avx2)
 

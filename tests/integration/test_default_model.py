@@ -105,12 +105,10 @@ def test_prompt_logits_match_transformers(ours, hf, tokenizer_cache):
     assert rel_err(got, ref) < 1e-3
 
 
-def test_greedy_generation_matches_transformers(ours, hf, tokenizer_cache):
-    model, config = ours
-    tok, _, _ = tokenizer_cache
+def _assert_greedy_matches_transformers(model, config, hf, tok) -> None:
+    """radixlm runs the three requests as one batch (ragged prefill, batched decodes);
+    transformers runs each alone, so no padding enters the reference."""
     prompts = [_chat_ids(tok, p) for p in PROMPTS]
-    # radixlm runs the three requests as one batch (ragged prefill, batched decodes);
-    # transformers runs each alone, so no padding enters the reference.
     outs = PoolHarness(model, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
     for prompt, ids, got in zip(PROMPTS, prompts, outs):
         with torch.no_grad():
@@ -118,6 +116,46 @@ def test_greedy_generation_matches_transformers(ours, hf, tokenizer_cache):
                               eos_token_id=config.eos_token_ids, pad_token_id=tok.pad_token_id)
         want = out[0, len(ids):].tolist()
         assert got == want, f"{prompt!r}: {tok.decode(got)!r} != {tok.decode(want)!r}"
+
+
+def test_greedy_generation_matches_transformers(ours, hf, tokenizer_cache):
+    model, config = ours
+    _assert_greedy_matches_transformers(model, config, hf, tokenizer_cache[0])
+
+
+@pytest.fixture(scope="module")
+def ours_auto(gguf_path):
+    """The model as the engine loads it by default in float32 (--quantization auto): on
+    CPUs with the groups_f32 kernel (AVX2) its Q4_1 and Q8_0 groups stay quantized."""
+    from radixlm.models.linear import LinearPolicy
+    from radixlm.models.linear.groups_f32 import groups_f32_usable
+
+    if not groups_f32_usable():
+        pytest.skip("groups_f32 needs AVX2, FMA and F16C")
+    return load_model(gguf_path, torch.float32, "cpu", linear_policy=LinearPolicy("auto"))
+
+
+def test_float32_auto_keeps_groups_and_matches_transformers(ours_auto, hf, tokenizer_cache):
+    """float32 x the file's own int4 / int8 groups (x unquantized) is the dense float32
+    model up to float32 rounding: the same bound and the same greedy tokens as the dense
+    model against transformers, batch of three (3-row kernel calls) included."""
+    from radixlm.models.linear import Int4GroupwiseLinear
+    from radixlm.models.linear.int8_groups import Int8GroupwiseLinear
+
+    model, config = ours_auto
+    for lin in (model.model.layers[0].self_attn.qkv_proj, model.model.layers[29].mlp.down_proj):
+        assert isinstance(lin.method, Int4GroupwiseLinear) and lin.method._f32 is not None
+    head = model.logits_method
+    assert isinstance(head, Int8GroupwiseLinear) and head.fallback is None
+    assert model.model.embed_tokens.rows_method is head
+    tok, _, _ = tokenizer_cache
+    ids = _chat_ids(tok, PROMPTS[0])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    h = PoolHarness(model, config)
+    got = h.extend([h.new_request()], [ids], all_logits=True)   # prefill: the dense copy
+    assert rel_err(got, ref) < 1e-3
+    _assert_greedy_matches_transformers(model, config, hf, tok)   # decodes: the kernels
 
 
 def test_tokenizer_cache_is_fast_and_identical(gguf_path, tokenizer_cache, monkeypatch):
@@ -172,8 +210,9 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     from gguf.quants import dequantize
 
     from radixlm.models.gguf_loader import open_gguf, unpermute_qk
-    from radixlm.models.linear import Int4GroupwiseLinear, PrepackedLinear
+    from radixlm.models.linear import DenseLinear, Int4GroupwiseLinear, PrepackedLinear
     from radixlm.models.linear.bf16_tiles import TiledBf16Linear
+    from radixlm.models.linear.method import onednn_prepack_available
     from radixlm.models.linear.int8_groups import Int8GroupwiseLinear, int8_tiles_fit
     from radixlm.models.linear.policy import DEFAULT_INT8_GROUPS_MAX_M
 
@@ -189,8 +228,10 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     assert isinstance(head, Int8GroupwiseLinear)
     if int8_tiles_fit(head.groups()):
         assert head.fallback is None and head.tiles_max_m == sys.maxsize
-    else:
+    elif onednn_prepack_available(torch.bfloat16, torch.device("cpu")):
         assert isinstance(head.fallback, (PrepackedLinear, TiledBf16Linear))
+    else:  # no bf16 GEMM in oneDNN (AVX2 alone): F.linear
+        assert type(head.fallback) is DenseLinear
     assert head.max_m == DEFAULT_INT8_GROUPS_MAX_M == 8
     assert model.model.embed_tokens.rows_method is head
     tensors = {t.name: t for t in open_gguf(gguf_path).tensors}

@@ -24,6 +24,7 @@ from radixlm.models.linear.method import onednn_prepack_available
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, even_shard
 from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_kernel
+from radixlm.models.linear.groups_f32 import groups_f32_usable
 from tests.tp_harness import child_setup, spawn_ranks
 
 MS = (1, 7, 64)
@@ -134,8 +135,14 @@ def test_policy_picks_per_run() -> None:
     dense = groups.dequantize()
     auto, none = LinearPolicy(quantization="auto"), LinearPolicy(quantization="none")
     assert isinstance(make_linear_method(dense.bfloat16(), groups, auto), Int4GroupwiseLinear)
-    # float32 runs and --quantization none: the same weights, dense.
-    assert isinstance(make_linear_method(dense, groups, auto), PrepackedLinear)
+    # float32 runs: the groups_f32 kernel where it built (AVX2), the dense copy past its
+    # rows; else, and with --quantization none, the same weights dense.
+    f32 = make_linear_method(dense, groups, auto)
+    if groups_f32_usable():
+        assert isinstance(f32, Int4GroupwiseLinear) and isinstance(f32.fallback, PrepackedLinear)
+    else:
+        assert isinstance(f32, PrepackedLinear)
+    assert isinstance(make_linear_method(dense, groups, none), PrepackedLinear)
     assert isinstance(make_linear_method(dense.bfloat16(), groups, none), BF16_DENSE)
     assert isinstance(make_linear_method(dense, None, LinearPolicy(prepack=False)), DenseLinear)
     assert isinstance(make_linear_method(dense.bfloat16(), None, LinearPolicy("int8")),
@@ -231,3 +238,13 @@ def test_model_with_each_dense_policy_matches_plain_f_linear(tiny_llama_dir, qua
     tol = 5e-2 if quantization == "int8" else 1e-3
     assert rel_err(outs[1][0].float(), outs[0][0].float()) < tol
     assert rel_err(outs[1][1].float(), outs[0][1].float()) < tol
+
+
+def test_w8a8_refused_without_int8_dot_products(monkeypatch) -> None:
+    """Without VNNI / AMX-INT8, oneDNN's int8 GEMM saturates 16-bit sums (AVX2): the engine
+    refuses --quantization w8a8_int8 with the reason instead of serving wrong logits."""
+    from radixlm.runtime import cpu_features
+
+    monkeypatch.setattr(cpu_features, "int8_dot_products", lambda: False)
+    with pytest.raises(ValueError, match="int8 dot products"):
+        make_linear_method(torch.randn(32, 64), None, LinearPolicy("w8a8_int8"))

@@ -1,7 +1,8 @@
 """Int4GroupwiseLinear: 4-bit weights in groups of 32 along the input features.
 
-Three kernels for calls of at most `max_m` rows (more: the dense fallback,
+Four kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
+* `use_f32` (float32 runs, e.g. on AVX2): `groups_f32.py`, x float32 unquantized;
 * `use_bf16` (the default on AVX512-BF16): `cpu_kernels/int4_bf16.cpp`, layout
   `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; AMX tiles where
   the CPU has them); with AMX-BF16, calls past max_m up to `tiles_max_m` rows (None: all,
@@ -10,8 +11,7 @@ Three kernels for calls of at most `max_m` rows (more: the dense fallback,
   layout `int4_blocks.py`, x quantized to int8 per group of 32 (as llama.cpp's Q4_1 x Q8_1);
 * otherwise PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 x only), w = (q - 8) * scale +
   zero with scale = d, zero = m + 8 d in the activation dtype, beside the canonical groups.
-Whichever, `dequantized_weight()` gives the checkpoint's values bit for bit, and a call
-past max_m the dense copy's products.
+`dequantized_weight()` gives the checkpoint's values bit for bit, past max_m the dense copy.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.int4_bf16_blocks import (block_scales, pack_bf16_blocks,
                                                      unblock_scales, unpack_bf16_blocks)
 from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
+from radixlm.models.linear.groups_f32 import (block_scales_f32, groups_f32_kernel,
+                                              pack_int4_f32, unblock_scales_f32,
+                                              unpack_int4_f32)
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 
@@ -109,13 +112,16 @@ def offset_exact(d: torch.Tensor, m: torch.Tensor) -> bool:
 
 
 def int4_bytes_per_weight(act_bytes: int, group_size: int = 32, blocks: bool = False,
-                          scale_bytes: int = 2, bf16: bool = False) -> float:
+                          scale_bytes: int = 2, bf16: bool = False, f32: bool = False) -> float:
     """What Int4GroupwiseLinear keeps per weight (its dense fallback not included). With
     the int4_groups kernel (`blocks`, opt-in: `LinearPolicy.int4_int8_activations`): the
     nibbles (0.5) and d, m of `scale_bytes` each (2: GGUF's Q4_0/Q4_1 halves; Q4_K's
     d * sc needs 4). Without: the canonical nibbles (0.5) and float32 d, m, aten's
     kernel's nibbles (0.5) and its scale/zero pair in the activation dtype. With the
-    int4_bf16 kernel (`bf16`): the nibbles and float32 d, m (rows padded to 16 aside)."""
+    int4_bf16 kernel (`bf16`): the nibbles and float32 d, m (rows padded to 16 aside).
+    With the groups_f32 kernel (`f32`): as `blocks` (rows padded to 8 aside)."""
+    if f32:
+        return 0.5 + 2 * scale_bytes / group_size
     if bf16:
         return 0.5 + 8 / group_size
     if blocks:
@@ -127,11 +133,12 @@ def int4_kernel_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
-def int4_kernel_fits(groups: Int4Groups, blocks: bool = False, bf16: bool = False) -> bool:
-    """Can the layer's small calls run on a kernel: the int4_groups and int4_bf16 kernels
-    (`blocks`, `bf16`) take any row count at groups of 32, aten's int4pack whole blocks of
-    16 rows."""
-    if blocks or bf16:
+def int4_kernel_fits(groups: Int4Groups, blocks: bool = False, bf16: bool = False,
+                     f32: bool = False) -> bool:
+    """Can the layer's small calls run on a kernel: the int4_groups, int4_bf16 and groups_f32
+    kernels (`blocks`, `bf16`, `f32`) take any row count at groups of 32, aten's int4pack
+    whole blocks of 16 rows."""
+    if blocks or bf16 or f32:
         return groups.group_size == 32
     return groups.shape[0] % KERNEL_ROW_MULTIPLE == 0
 
@@ -150,12 +157,27 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
 
     def __init__(self, groups: Int4Groups, fallback: LinearMethod | None, max_m: int,
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
-                 use_bf16: bool = False, tiles_max_m: int | None = 0) -> None:
-        """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None)."""
+                 use_bf16: bool = False, tiles_max_m: int | None = 0,
+                 use_f32: bool = False) -> None:
+        """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None).
+        At most one of use_blocks, use_bf16, use_f32."""
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.act_dtype = act_dtype
+        self._f32 = groups_f32_kernel() if use_f32 else None
+        if use_f32:
+            if self._f32 is None or groups.group_size != 32 or use_blocks or use_bf16:
+                raise RuntimeError("use_f32: the groups_f32 kernel is not built for AVX2 here, "
+                                   "the groups are not of 32, or another kernel was asked for")
+            self.register_buffer("q_f32", pack_int4_f32(groups.q), persistent=False)
+            d, m = block_scales_f32(groups.d, groups.m)
+            self.register_buffer("d", d, persistent=False)
+            self.register_buffer("m", m, persistent=False)
+            self._kernel = self._bf16 = self._tiles = None
+            if fallback is None:
+                raise RuntimeError("use_f32 needs a dense fallback for calls past max_m")
+            return
         kernel = int4_blocks_kernel() if use_blocks else None
         if use_blocks and (kernel is None or groups.group_size != 32):
             raise RuntimeError("use_blocks: the int4_groups kernel is not built here, or the "
@@ -206,6 +228,11 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
                                                self.out_features // 2, gelu, self._exact_c)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
+        if self._f32 is not None:
+            if torch.compiler.is_compiling():
+                return torch.ops.radixlm.int4_f32_matmul(x, self.q_f32, self.d, self.m,
+                                                         self.out_features)
+            return self._f32.int4_f32_matmul(x, self.q_f32, self.d, self.m, self.out_features)
         if self._bf16 is not None:
             if torch.compiler.is_compiling():
                 return torch.ops.radixlm.int4_bf16_matmul(x, self.q_bf16, self.d, self.m,
@@ -222,7 +249,9 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def kernel_bytes(self) -> int:
-        if self._bf16 is not None:
+        if self._f32 is not None:
+            held = (self.q_f32, self.d, self.m)
+        elif self._bf16 is not None:
             held = (self.q_bf16, self.d, self.m)
         elif self._kernel is not None:
             held = (self.q_blocks, self.d, self.m)
@@ -231,6 +260,10 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         return sum(t.numel() * t.element_size() for t in held)
 
     def groups(self) -> Int4Groups:
+        if self._f32 is not None:
+            d, m = (unblock_scales_f32(t, self.out_features) for t in (self.d, self.m))
+            return Int4Groups(unpack_int4_f32(self.q_f32, self.out_features), d, m,
+                              self.group_size)
         if self._bf16 is not None:
             d, m = unblock_scales(self.d, self.m, self.out_features)
             return Int4Groups(unpack_bf16_blocks(self.q_bf16, self.out_features), d, m,

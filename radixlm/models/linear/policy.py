@@ -1,7 +1,8 @@
 """LinearPolicy: which LinearMethod each linear layer gets, decided once at load.
 
     deterministic inference (`gemm` set)  -> DenseLinear on that GEMM (batch-invariant)
-    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (int4_bf16)
+    --quantization auto, bf16, GGUF Q4_0/Q4_1/Q4_K -> Int4GroupwiseLinear (int4_bf16;
+                                          float32 on AVX2: groups_f32, int8 groups too)
     --quantization auto, bf16 CPU, GGUF Q5_0 -> Q5GroupwiseLinear (q5_bf16, AVX512-BF16)
     --quantization auto, bf16 CPU, GGUF Q8_0/Q5_0/Q6_K -> Int8GroupwiseLinear (a large LM
                                           head: `make_head_method`); each of the three
@@ -10,9 +11,7 @@
     --quantization w8a8_int8, CPU         -> W8A8Int8Linear (oneDNN int8 x int8, every call)
     otherwise, CPU float32/bfloat16       -> TiledBf16Linear (bf16, AMX) or PrepackedLinear
     otherwise                             -> DenseLinear (F.linear)
-
-The int4/5-bit/int8 kernels are CPU kernels on bf16 activations (CUDA, float32 runs: dense
-weights, the checkpoint's values). Each tensor-parallel rank builds its own shards' methods.
+CUDA: dense weights, the checkpoint's values. Each TP rank builds its own shards' methods.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from radixlm.models.linear.bf16_tiles import TiledBf16Linear, bf16_tiles_fit
+from radixlm.models.linear.groups_f32 import groups_f32_usable
 from radixlm.models.linear.int4 import (Int4GroupwiseLinear, int4_bf16_kernel_usable,
                                         int4_blocks_kernel, int4_kernel_fits,
                                         int4_kernel_runs_on, int4_tiles_usable)
@@ -56,6 +56,12 @@ DEFAULT_INT4_BF16_MAX_M = 8
 # beyond (docs/benchmarks.md, "Software prefetch"), and a speculative verify of up to 8
 # rows (speculative/verify_rows.py) keeps the int4 x bf16 kernels' 8 rows.
 DEFAULT_INT8_GROUPS_MAX_M = 8
+# Rows up to which the groups_f32 kernel (int4 / int8 groups x float32 activations, AVX2)
+# serves a float32 run's quantized layers, the dense float32 GEMM past them: the default
+# model's decode steps on a Zen 3 EPYC, against the dense float32 weights, 2.92x / 1.82x /
+# 1.36x / 1.05x faster at 1 / 16 / 32 / 64 requests (docs/benchmarks.md, "int4 and int8
+# groups against float32 activations").
+DEFAULT_GROUPS_F32_MAX_M = 64
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,13 @@ class LinearPolicy:
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
     # 0.076 vs 0.018 / 0.027 relative) and a parity prompt's greedy text changes.
     int4_int8_activations: bool = False
+    groups_f32_max_m: int = DEFAULT_GROUPS_F32_MAX_M
+
+    @staticmethod
+    def groups_f32(dtype: torch.dtype) -> bool:
+        """Do a float32 run's int4 and int8-group layers take the groups_f32 kernel (built:
+        AVX2, FMA, F16C)?"""
+        return dtype == torch.float32 and groups_f32_usable()
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -108,9 +121,11 @@ class LinearPolicy:
     def keeps_int4(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Do a checkpoint's int4 layers stay 4-bit in a run of `dtype` on `device` (so
         loaders hand over their groups, not only dense values)? --quantization auto, not
-        deterministic, bfloat16 activations, a device the int4 kernel runs on."""
+        deterministic, a device the int4 kernels run on, bfloat16 activations or float32
+        ones with the groups_f32 kernel built."""
         return (self.quantization == "auto" and self.gemm is None
-                and dtype == torch.bfloat16 and int4_kernel_runs_on(device))
+                and (dtype == torch.bfloat16 or self.groups_f32(dtype))
+                and int4_kernel_runs_on(device))
 
     def int8_tiles(self, groups: Int8Groups, q5: bool = False) -> int | None:
         """The tiles_max_m an int8-group (or with `q5`, 5-bit) method of these groups gets
@@ -120,9 +135,11 @@ class LinearPolicy:
 
     def keeps_int8(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Do a checkpoint's int8-group tensors (Q8_0, Q5_0, Q6_K) stay int8? As
-        `keeps_int4`, with the int8_groups C++ kernel built."""
-        return (self.quantization == "auto" and self.gemm is None
-                and dtype == torch.bfloat16 and int8_groups_kernel_runs_on(device))
+        `keeps_int4`: bfloat16 with the int8_groups C++ kernel built, or float32 with
+        the groups_f32 one."""
+        return (self.quantization == "auto" and self.gemm is None and device.type == "cpu"
+                and ((dtype == torch.bfloat16 and int8_groups_kernel_runs_on(device))
+                     or self.groups_f32(dtype)))
 
 
 def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
@@ -143,7 +160,15 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
 
     if policy.quantization == "w8a8_int8" and w8a8_kernel_available(device):
         return W8A8Int8Linear.from_dense(weight)
-    if int4 is not None and policy.keeps_int4(dtype, device):
+    if policy.quantization == "w8a8_int8" and device.type == "cpu":
+        raise ValueError("--quantization w8a8_int8 needs torch's oneDNN int8 linear and a CPU "
+                         "with int8 dot products (avx512_vnni, avx_vnni or amx_int8): without "
+                         "them oneDNN's int8 GEMM saturates its sums; use --quantization auto")
+    if int4 is not None and policy.keeps_int4(dtype, device) and policy.groups_f32(dtype):
+        if int4_kernel_fits(int4, f32=True):
+            return Int4GroupwiseLinear(int4, dense(weight), policy.groups_f32_max_m,
+                                       act_dtype=dtype, use_f32=True)
+    elif int4 is not None and policy.keeps_int4(dtype, device):
         blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
         bf16 = not blocks and int4_bf16_kernel_usable()
         if int4_kernel_fits(int4, blocks, bf16):
@@ -154,7 +179,11 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
             tiles = policy.int4_tiles_max_m if on_tiles else 0
             return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
                                        use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
-    if int8 is not None and policy.keeps_int8(dtype, device):
+    if int8 is not None and policy.keeps_int8(dtype, device) and policy.groups_f32(dtype):
+        if int8.group_size in (16, 32):
+            return Int8GroupwiseLinear(int8, dense(weight), policy.groups_f32_max_m,
+                                       act_dtype=dtype, use_f32=True)
+    elif int8 is not None and policy.keeps_int8(dtype, device):
         q5 = policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8)
         tiles = policy.int8_tiles(int8, q5)
         fallback = None if tiles is None else dense(weight)
@@ -185,7 +214,13 @@ def make_head_method(weight: torch.Tensor, int8: Int8Groups | None,
     the AMX tiles or the dense method of the same values (larger calls; `int8_tiles`)
     when the policy keeps int8 and the
     vocabulary is large (the head then reads the most bytes of any weight), else what
-    `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows."""
+    `make_linear_method` gives a dense weight. A tied embedding then reads the int8 rows.
+    A float32 run with the groups_f32 kernel takes every call on it (no dense copy)."""
+    if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS and int8.group_size in (16, 32)
+            and policy.keeps_int8(weight.dtype, weight.device)
+            and policy.groups_f32(weight.dtype)):
+        return Int8GroupwiseLinear(int8, None, policy.groups_f32_max_m, act_dtype=weight.dtype,
+                                   use_f32=True)
     if (int8 is not None and int8.shape[0] >= INT8_HEAD_MIN_ROWS
             and policy.keeps_int8(weight.dtype, weight.device)):
         tiles = policy.int8_tiles(int8)

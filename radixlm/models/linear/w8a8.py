@@ -9,9 +9,9 @@ every call: oneDNN's VNNI kernel is u8 x s8 (int8 activations take a reference p
 with x_scale 1; the token scales and the bias are applied to its output, returned in
 x's dtype.
 
-SGLang's `w8a8_int8`, opt-in: needs torch's oneDNN int8 linear (`w8a8_kernel_available`)
-and is worth it only with VNNI/AMX int8 dot products; without calibration (SmoothQuant)
-the default model's logits move by ~20% (docs/benchmarks.md), so it is not a default.
+SGLang's `w8a8_int8`, opt-in: needs torch's oneDNN int8 linear and VNNI/AMX int8 dot
+products (`w8a8_kernel_available`; elsewhere the engine refuses it); without calibration
+(SmoothQuant) the default model's logits move by ~20% (docs/benchmarks.md): not a default.
 """
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ from __future__ import annotations
 import torch
 
 from radixlm.models.linear.int8 import quantize_per_channel_int8
+from radixlm.runtime import cpu_features
 from radixlm.models.linear.method import LinearMethod
 
 
 def w8a8_kernel_available(device: torch.device) -> bool:
+    """torch's oneDNN int8 linear, on a CPU with int8 dot products (VNNI or AMX-INT8:
+    without them its AVX2 path saturates 16-bit sums; `cpu_features.int8_dot_products`)."""
     return (device.type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.onednn, "qlinear_prepack")
-            and hasattr(torch.ops.onednn, "qlinear_pointwise"))
+            and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and cpu_features.int8_dot_products())
 
 
 ACT_ZERO_POINT = 128
