@@ -297,7 +297,7 @@ def test_w8a8_int8_prompt_logits_near_dense(bf16_pair, gguf_path, tokenizer_cach
     from radixlm.models.linear.w8a8 import w8a8_kernel_available
 
     if not w8a8_kernel_available(torch.device("cpu")):
-        pytest.skip("no oneDNN int8 linear in this torch build")
+        pytest.skip("no oneDNN int8 linear here, or no int8 dot products (VNNI / AMX-INT8)")
     (none, config) = bf16_pair[1]
     w8a8, _ = load_model(gguf_path, torch.bfloat16, "cpu",
                          linear_policy=LinearPolicy("w8a8_int8"))

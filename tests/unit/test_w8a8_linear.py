@@ -15,7 +15,8 @@ from radixlm.models.linear.w8a8 import ACT_ZERO_POINT, quantize_per_token_u8, w8
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(not w8a8_kernel_available(CPU),
-                                reason="no oneDNN int8 linear in this torch build")
+                                reason="no oneDNN int8 linear in this torch build, or no "
+                                "int8 dot products on this CPU (VNNI / AMX-INT8)")
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

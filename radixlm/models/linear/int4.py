@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
-from radixlm.models.linear.int4_bf16_blocks import (block_scales, pack_bf16_blocks,
-                                                     unblock_scales, unpack_bf16_blocks)
-from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
 from radixlm.models.linear.groups_f32 import (block_scales_f32, groups_f32_kernel,
                                               pack_int4_f32, unblock_scales_f32,
                                               unpack_int4_f32)
+from radixlm.models.linear.int4_bf16_blocks import (block_scales, pack_bf16_blocks,
+                                                     unblock_scales, unpack_bf16_blocks)
+from radixlm.models.linear.int4_blocks import compact_scales, pack_blocks, unpack_blocks
 from radixlm.models.linear.int4_groups import Int4Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
 
@@ -170,13 +170,13 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             if self._f32 is None or groups.group_size != 32 or use_blocks or use_bf16:
                 raise RuntimeError("use_f32: the groups_f32 kernel is not built for AVX2 here, "
                                    "the groups are not of 32, or another kernel was asked for")
+            if fallback is None:
+                raise RuntimeError("use_f32 needs a dense fallback for calls past max_m")
             self.register_buffer("q_f32", pack_int4_f32(groups.q), persistent=False)
             d, m = block_scales_f32(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
             self.register_buffer("m", m, persistent=False)
             self._kernel = self._bf16 = self._tiles = None
-            if fallback is None:
-                raise RuntimeError("use_f32 needs a dense fallback for calls past max_m")
             return
         kernel = int4_blocks_kernel() if use_blocks else None
         if use_blocks and (kernel is None or groups.group_size != 32):
