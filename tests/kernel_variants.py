@@ -3,9 +3,11 @@ that other machines compile), for the kernels' unit tests.
 
 Built by radixlm/cpu_kernels/build.py's builder with extra flags (a variant is its own
 kernel name, and its key covers the source, the headers, torch's version, all the flags and
-the CPU's flags, as a kernel's does). The first `variant()` call builds every variant at
-once, one g++ process each (they share the cores instead of queueing); each test then
-loads its own (found built).
+the CPU's flags, as a kernel's does). Only the variants narrower than this CPU's own build
+are built: a variant the native build already is (an AVX2-only CPU's int4_groups path 2)
+is the native module, one wider than the CPU runs is skipped. The first `variant()` call
+builds those at once, one g++ process each (they share the cores instead of queueing);
+each test then loads its own (found built).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "radixlm" / "cpu_kernels"
@@ -36,6 +40,32 @@ VARIANTS: dict[tuple[str, int], tuple[str, ...]] = {
 }
 
 
+# The native build's query of its own path, on the same scale as VARIANTS' paths.
+NATIVE_PATH = {"int4_groups": "int4_kernel_path", "int8_groups": "path",
+               "int4_bf16": "int4_bf16_path", "decode_attention": "decode_attention_path"}
+
+
+@functools.cache
+def native_path(kernel: str, path: int) -> int | None:
+    """Where the kernel as built here stands on the scale of variant (kernel, path): the
+    vector width in floats for the simd.h width variants (path 8), else the built module's
+    own path query; None where it did not build."""
+    from radixlm.cpu_kernels.build import load_kernel
+    from radixlm.runtime.cpu_features import cpu_flags
+
+    if path == 8:  # simd.h: 16 lanes where -march=native targets AVX-512F
+        return 16 if "avx512f" in cpu_flags() else 8
+    module = load_kernel(kernel)
+    return None if module is None else int(getattr(module, NATIVE_PATH[kernel])())
+
+
+def needs_build(spec: tuple[str, int]) -> bool:
+    """Is variant `spec` narrower than the native build (so not the native module itself,
+    and runnable here)?"""
+    native = native_path(*spec)
+    return native is not None and native > spec[1]
+
+
 def load_variant(kernel: str, path: int) -> ModuleType:
     """Build (or find built) and import one variant in this process."""
     from radixlm.cpu_kernels.build import build_extension
@@ -54,10 +84,20 @@ def _build_all() -> None:
         code = f"from tests.kernel_variants import load_variant; load_variant{spec!r}"
         subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True)
 
-    with ThreadPoolExecutor(len(VARIANTS)) as pool:
-        list(pool.map(build, VARIANTS))
+    specs = [spec for spec in VARIANTS if needs_build(spec)]
+    with ThreadPoolExecutor(max(len(specs), 1)) as pool:
+        list(pool.map(build, specs))
 
 
 def variant(kernel: str, path: int) -> ModuleType:
+    """The kernel as a CPU of `path` builds it: the native module where that is this CPU's
+    own build; skips the test where this CPU does not run that path."""
+    native = native_path(kernel, path)
+    if native is None or native < path:
+        pytest.skip(f"this CPU does not run {kernel} path {path}")
+    if native == path:
+        from radixlm.cpu_kernels.build import load_kernel
+
+        return load_kernel(kernel)
     _build_all()
     return load_variant(kernel, path)
