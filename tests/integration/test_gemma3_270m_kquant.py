@@ -46,14 +46,19 @@ def one_metadata_parse() -> Iterator[None]:
         yield
 
 
+def quantized_and_dense(dtype: torch.dtype):
+    """Gemma 3 270M Q4_K_M loaded twice in `dtype`: the default policy's forms, all dense."""
+    path = gemma3_270m_path()
+    quant, _ = load_model(path, dtype, "cpu", linear_policy=LinearPolicy("auto"))
+    dense, cfg = load_model(path, dtype, "cpu", linear_policy=LinearPolicy("none"))
+    return quant, dense, cfg
+
+
 @pytest.fixture(scope="module")
 def models():
     if int8_groups_kernel() is None:
         pytest.skip("the int8_groups C++ kernel did not build here")
-    path = gemma3_270m_path()
-    quant, _ = load_model(path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("auto"))
-    dense, cfg = load_model(path, torch.bfloat16, "cpu", linear_policy=LinearPolicy("none"))
-    return quant, dense, cfg
+    return quantized_and_dense(torch.bfloat16)
 
 
 def test_formats_and_memory(models):
@@ -130,10 +135,7 @@ def f32_models():
 
     if not groups_f32_usable():
         pytest.skip("groups_f32 needs AVX2, FMA and F16C")
-    path = gemma3_270m_path()
-    quant, _ = load_model(path, torch.float32, "cpu", linear_policy=LinearPolicy("auto"))
-    dense, cfg = load_model(path, torch.float32, "cpu", linear_policy=LinearPolicy("none"))
-    return quant, dense, cfg
+    return quantized_and_dense(torch.float32)
 
 
 def test_float32_run_keeps_every_group_form_on_groups_f32(f32_models):

@@ -120,11 +120,9 @@ def int4_bytes_per_weight(act_bytes: int, group_size: int = 32, blocks: bool = F
     kernel's nibbles (0.5) and its scale/zero pair in the activation dtype. With the
     int4_bf16 kernel (`bf16`): the nibbles and float32 d, m (rows padded to 16 aside).
     With the groups_f32 kernel (`f32`): as `blocks` (rows padded to 8 aside)."""
-    if f32:
-        return 0.5 + 2 * scale_bytes / group_size
     if bf16:
         return 0.5 + 8 / group_size
-    if blocks:
+    if blocks or f32:
         return 0.5 + 2 * scale_bytes / group_size
     return 0.5 + 8 / group_size + 0.5 + 2 * act_bytes / group_size
 
