@@ -98,7 +98,11 @@ inline void block_dot(const Call& c, int64_t m0, int64_t b0, const S* dp, const 
   const float* xr[MB];
   for (int i = 0; i < MB; ++i) xr[i] = c.x + (m0 + i) * K;
   const uint8_t* wb[NB];
-  for (int b = 0; b < NB; ++b) wb[b] = c.w + (b0 + b) * K * kBlockN * F::kColumnBytes / 8;
+  const int64_t block_bytes = K * kBlockN * F::kColumnBytes / 8;
+  for (int b = 0; b < NB; ++b) wb[b] = c.w + (b0 + b) * block_bytes;
+  // Each block's stream announces the block NB later at the same offset: the next blocks
+  // this thread reads (its units are consecutive) arrive whole while these are computed.
+  const int64_t ahead = NB * block_bytes;
   __m256 tot[NB][MB];
   for (int b = 0; b < NB; ++b)
     for (int i = 0; i < MB; ++i) tot[b][i] = _mm256_setzero_ps();
@@ -112,8 +116,8 @@ inline void block_dot(const Call& c, int64_t m0, int64_t b0, const S* dp, const 
       typename F::Word v[NB];
       for (int b = 0; b < NB; ++b) {
         const uint8_t* p = wb[b] + k0 * F::kColumnBytes;
-        prefetch_ahead(p);
-        if (F::kColumnBytes == 8) prefetch_ahead(p + 32);  // a 64-byte word: both halves
+        prefetch_ahead(p, ahead);
+        if (F::kColumnBytes == 8) prefetch_ahead(p + 32, ahead);  // a 64-byte word: both halves
         v[b] = F::load(p);
       }
 #pragma GCC unroll 8
