@@ -81,8 +81,9 @@ class ServerArgs:
     int4_int8_activations: bool = _opt(
         False, "With --quantization auto: int4 decode calls on radixlm's own C++ kernel, "
         "activations quantized to int8 per group of 32 as llama.cpp does (~1.3x faster at "
-        "one row, one copy of the int4 weights) instead of PyTorch's int4 kernel on bf16 "
-        "activations (larger logit error on the default model: docs/benchmarks.md).")
+        "one row, one copy of the int4 weights) instead of the kernels taking bf16 "
+        "activations, or in float32 runs (AVX2) float32 ones unquantized (larger logit "
+        "error on the default model: docs/benchmarks.md).")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
     chunked_prefill_size: int | None = _opt(
         None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "

@@ -194,6 +194,10 @@ def test_tokenizer_cache_is_fast_and_identical(gguf_path, tokenizer_cache, monke
 # model's logits by ~1-2% of the largest, whichever summation order, so the bound allows
 # the spread of orders and still fails a broken kernel.
 INT4_LOGITS_TOL = 0.06
+# The same with --int4-int8-activations: 0.039 / 0.076 in bf16 runs (above), 0.063 in a
+# float32 run against the float32 groups (2026-12-07, AVX2): x's int8 rounding per group
+# of 32 is the error; a broken kernel gives ~1.
+INT8_ACTIVATIONS_LOGITS_TOL = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -251,34 +255,60 @@ def test_quantization_auto_keeps_the_files_int4_weights(bf16_pair, gguf_path):
     assert torch.equal(head.dequantized_weight(), file_weight("token_embd.weight", None))
 
 
-def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_cache):
-    (auto, config), (none, _) = bf16_pair
-    tok, _, _ = tokenizer_cache
+def _assert_near_reference(model, ref, config, tok, tol: float = INT4_LOGITS_TOL) -> None:
+    """`model`'s decode logits within `tol` of `ref`'s (same weights, other methods), and
+    its greedy tokens equal up to a flip at a near-tie of `ref`."""
     prompts = [_chat_ids(tok, p) for p in PROMPTS]
     # Decode logits (one row per call: the int4 kernel) after the same prompt.
-    ha, hn = PoolHarness(auto, config), PoolHarness(none, config)
+    ha, hn = PoolHarness(model, config), PoolHarness(ref, config)
     ra, rn = ha.new_request(), hn.new_request()
     ha.extend([ra], [prompts[0]])
     hn.extend([rn], [prompts[0]])
     for token in (tok.encode("The")[0], tok.encode(" capital")[0]):
-        assert rel_err(ha.decode([ra], [token])[0], hn.decode([rn], [token])[0]) < INT4_LOGITS_TOL
-    # Greedy: three requests decode together (3 rows: the int4 kernel), against the dense
-    # bf16 model. Equal tokens, or a flip at a near-tie of the dense model, after which the
+        assert rel_err(ha.decode([ra], [token])[0], hn.decode([rn], [token])[0]) < tol
+    # Greedy: three requests decode together (3 rows: the int4 kernel), against the
+    # reference. Equal tokens, or a flip at a near-tie of the reference, after which the
     # texts may differ: its top two logits closer than two of the errors the decode logits
-    # are allowed above (each may move by INT4_LOGITS_TOL of the largest |logit|; a flip
+    # are allowed above (each may move by `tol` of the largest |logit|; a flip
     # at a 1.4% gap followed the int4 kernel's summation order, 2026-12-06).
-    outs_a = PoolHarness(auto, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
-    outs_n = PoolHarness(none, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
+    outs_a = PoolHarness(model, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
+    outs_n = PoolHarness(ref, config).greedy(prompts, MAX_NEW_TOKENS, config.eos_token_ids)
     for prompt, ids, a, n in zip(PROMPTS, prompts, outs_a, outs_n):
         if a == n:
             continue
         k = next(i for i, (x, y) in enumerate(zip(a, n)) if x != y)
-        h = PoolHarness(none, config)
+        h = PoolHarness(ref, config)
         logits = h.extend([h.new_request()], [ids + n[:k]])[0]
         top2 = logits.topk(2).values
-        assert (top2[0] - top2[1]) / logits.abs().max() < 2 * INT4_LOGITS_TOL, (
+        assert (top2[0] - top2[1]) / logits.abs().max() < 2 * tol, (
             f"{prompt!r} diverges at token {k} without a near-tie: "
             f"{tok.decode(a)!r} vs {tok.decode(n)!r}")
+
+
+def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_cache):
+    (auto, config), (none, _) = bf16_pair
+    _assert_near_reference(auto, none, config, tokenizer_cache[0])
+
+
+def test_float32_int8_activations_opt_in(ours_auto, gguf_path, tokenizer_cache):
+    """--int4-int8-activations in a float32 run: the int4 projections on the int4_groups
+    kernel (x quantized to int8 per group of 32), the Q8_0 head still on groups_f32; near
+    the default float32 run (x unquantized, within float32 rounding of dense)."""
+    from radixlm.models.linear import Int4GroupwiseLinear, LinearPolicy
+    from radixlm.models.linear.int4 import int4_blocks_kernel
+    from radixlm.models.linear.policy import DEFAULT_GROUPS_F32_MAX_M
+
+    if int4_blocks_kernel() is None:
+        pytest.skip("the int4_groups C++ kernel did not build here")
+    model, config = load_model(gguf_path, torch.float32, "cpu", linear_policy=LinearPolicy(
+        "auto", int4_int8_activations=True))
+    for layer in model.model.layers:
+        method = layer.mlp.gate_up_proj.method
+        assert isinstance(method, Int4GroupwiseLinear) and method._kernel is not None
+        assert method._f32 is None and method.max_m == DEFAULT_GROUPS_F32_MAX_M
+    assert model.logits_method._f32 is not None
+    _assert_near_reference(model, ours_auto[0], config, tokenizer_cache[0],
+                           INT8_ACTIVATIONS_LOGITS_TOL)
 
 
 # --- --quantization w8a8_int8: int8 weights x int8 activations (models/linear/w8a8.py) -----

@@ -103,7 +103,9 @@ class LinearPolicy:
     # int4 small calls on the int4_groups C++ kernel (x quantized to int8 per group of 32,
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
-    # 0.076 vs 0.018 / 0.027 relative) and a parity prompt's greedy text changes.
+    # 0.076 vs 0.018 / 0.027 relative) and a parity prompt's greedy text changes. In
+    # float32 runs it replaces the groups_f32 kernel (x unquantized) for the int4 layers,
+    # up to groups_f32_max_m rows; the int8-group layers stay on groups_f32.
     int4_int8_activations: bool = False
     groups_f32_max_m: int = DEFAULT_GROUPS_F32_MAX_M
 
@@ -164,15 +166,17 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
         raise ValueError("--quantization w8a8_int8 needs torch's oneDNN int8 linear and a CPU "
                          "with int8 dot products (avx512_vnni, avx_vnni or amx_int8): without "
                          "them oneDNN's int8 GEMM saturates its sums; use --quantization auto")
-    if int4 is not None and policy.keeps_int4(dtype, device) and policy.groups_f32(dtype):
+    blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
+    if (int4 is not None and policy.keeps_int4(dtype, device) and policy.groups_f32(dtype)
+            and not blocks):
         if int4_kernel_fits(int4, f32=True):
             return Int4GroupwiseLinear(int4, dense(weight), policy.groups_f32_max_m,
                                        act_dtype=dtype, use_f32=True)
     elif int4 is not None and policy.keeps_int4(dtype, device):
-        blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
         bf16 = not blocks and int4_bf16_kernel_usable()
         if int4_kernel_fits(int4, blocks, bf16):
-            max_m = policy.small_batch_max_m
+            # a float32 run's dense fallback is the slower float32 GEMM: groups_f32's rows
+            max_m = policy.groups_f32_max_m if dtype == torch.float32 else policy.small_batch_max_m
             if bf16:
                 max_m = max(max_m, policy.int4_bf16_max_m)
             on_tiles = bf16 and policy.amx_tiles and int4_tiles_usable()
