@@ -166,34 +166,38 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
         raise ValueError("--quantization w8a8_int8 needs torch's oneDNN int8 linear and a CPU "
                          "with int8 dot products (avx512_vnni, avx_vnni or amx_int8): without "
                          "them oneDNN's int8 GEMM saturates its sums; use --quantization auto")
-    blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
-    if (int4 is not None and policy.keeps_int4(dtype, device) and policy.groups_f32(dtype)
-            and not blocks):
-        if int4_kernel_fits(int4, f32=True):
-            return Int4GroupwiseLinear(int4, dense(weight), policy.groups_f32_max_m,
-                                       act_dtype=dtype, use_f32=True)
-    elif int4 is not None and policy.keeps_int4(dtype, device):
-        bf16 = not blocks and int4_bf16_kernel_usable()
-        if int4_kernel_fits(int4, blocks, bf16):
-            # a float32 run's dense fallback is the slower float32 GEMM: groups_f32's rows
-            max_m = policy.groups_f32_max_m if dtype == torch.float32 else policy.small_batch_max_m
-            if bf16:
-                max_m = max(max_m, policy.int4_bf16_max_m)
-            on_tiles = bf16 and policy.amx_tiles and int4_tiles_usable()
-            tiles = policy.int4_tiles_max_m if on_tiles else 0
-            return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
-                                       use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
-    if int8 is not None and policy.keeps_int8(dtype, device) and policy.groups_f32(dtype):
-        if int8.group_size in (16, 32):
-            return Int8GroupwiseLinear(int8, dense(weight), policy.groups_f32_max_m,
-                                       act_dtype=dtype, use_f32=True)
-    elif int8 is not None and policy.keeps_int8(dtype, device):
-        q5 = policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8)
-        tiles = policy.int8_tiles(int8, q5)
-        fallback = None if tiles is None else dense(weight)
-        if q5:
-            return Q5GroupwiseLinear(int8, fallback, policy.small_batch_max_m, tiles_max_m=tiles)
-        return Int8GroupwiseLinear(int8, fallback, policy.int8_groups_max_m, tiles_max_m=tiles)
+    if int4 is not None and policy.keeps_int4(dtype, device):
+        blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
+        if policy.groups_f32(dtype) and not blocks:
+            if int4_kernel_fits(int4, f32=True):
+                return Int4GroupwiseLinear(int4, dense(weight), policy.groups_f32_max_m,
+                                           act_dtype=dtype, use_f32=True)
+        else:
+            bf16 = not blocks and int4_bf16_kernel_usable()
+            if int4_kernel_fits(int4, blocks, bf16):
+                # a float32 run's dense fallback is the slower float32 GEMM: groups_f32's rows
+                max_m = (policy.groups_f32_max_m if dtype == torch.float32
+                         else policy.small_batch_max_m)
+                if bf16:
+                    max_m = max(max_m, policy.int4_bf16_max_m)
+                on_tiles = bf16 and policy.amx_tiles and int4_tiles_usable()
+                tiles = policy.int4_tiles_max_m if on_tiles else 0
+                return Int4GroupwiseLinear(int4, None if tiles is None else dense(weight), max_m,
+                                           use_blocks=blocks, use_bf16=bf16, tiles_max_m=tiles)
+    if int8 is not None and policy.keeps_int8(dtype, device):
+        if policy.groups_f32(dtype):
+            if int8.group_size in (16, 32):
+                return Int8GroupwiseLinear(int8, dense(weight), policy.groups_f32_max_m,
+                                           act_dtype=dtype, use_f32=True)
+        else:
+            q5 = policy.q5_kernel and q5_bf16_kernel_usable() and fits_q5(int8)
+            tiles = policy.int8_tiles(int8, q5)
+            fallback = None if tiles is None else dense(weight)
+            if q5:
+                return Q5GroupwiseLinear(int8, fallback, policy.small_batch_max_m,
+                                         tiles_max_m=tiles)
+            return Int8GroupwiseLinear(int8, fallback, policy.int8_groups_max_m,
+                                       tiles_max_m=tiles)
     if (policy.quantization == "int8" and dtype == torch.bfloat16
             and int8_kernel_available(device)):
         q, scales = quantize_per_channel_int8(weight)
