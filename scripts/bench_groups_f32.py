@@ -45,10 +45,14 @@ def best_us(fn, calls: int, rounds: int) -> float:
 
 
 def layer_methods(groups: Int4Groups, dense: PrepackedLinear) -> dict[str, object]:
-    """One projection's methods: groups_f32, dense float32, int4_groups (x int8) if built."""
+    """One projection's methods: groups_f32 (x float32, x int8), dense float32, int4_groups
+    (x int8) if built."""
     out = {"f32 groups": Int4GroupwiseLinear(groups, dense, max_m=1 << 30,
                                              act_dtype=torch.float32, use_f32=True),
            "dense": dense}
+    out["f32 groups q8"] = Int4GroupwiseLinear(groups, dense, max_m=1 << 30,
+                                               act_dtype=torch.float32, use_f32=True,
+                                               int8_activations=True)
     if int4_blocks_kernel() is not None:
         out["int8 x"] = Int4GroupwiseLinear(groups, dense, max_m=1 << 30,
                                             act_dtype=torch.float32, use_blocks=True)

@@ -20,6 +20,16 @@
 // each column unpacked serves every row of x (4 at a time). Scales (d, m; s):
 // [blocks, groups, 8], float16 (exact GGUF halves) or float32.
 //
+// int4 weights also take x quantized to int8 per group of 32 (opt-in, int4_f32_q8_matmul:
+// llama.cpp's Q4_1 x Q8_1 numerics, `quantize_q8.h`), against the same words:
+//       y[i, n] = sum_g d[n, g] sx[i, g] (sum_{k in g} q[n, k] xq[i, k]) + m[n, g] S[i, g]
+// A word's byte r of lane j holds columns 2 r (low nibble) and 2 r + 1 (high): a mask gives
+// the even columns (4 a lane), a shift and a mask the odd ones, each multiplied by x's
+// quantized [0 2 4 6] or [1 3 5 7] broadcast to every lane (_mm256_maddubs_epi16, u4 x s8,
+// pairs to int16: at most 2 * 15 * 127), a group's 8 products summed in int16 (at most
+// 30480: no saturation), widened once a group (_mm256_madd_epi16): exact integer dots, a
+// quarter of the float path's instructions per weight, still no horizontal reduction.
+//
 // Invariants: x [M, K] float32 contiguous, K a multiple of the group; y [M, N] float32.
 // Each output's sum runs over the columns in order, then group by group, whatever M is
 // and however the channels are split among threads: a row's result is the same bit for
@@ -29,11 +39,13 @@
 // (groups_f32_path() says 0 otherwise and the matmuls refuse: callers keep dense weights).
 #include "torch_api.h"
 #include "prefetch.h"
+#include "quantize_q8.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #if !defined(RADIXLM_GROUPS_F32)
@@ -91,6 +103,18 @@ struct Call {
   int64_t K, ng, N;
 };
 
+// Block b's 8 sums into a row of y [N] (the padded last block: its real channels only).
+inline void store_channels(float* row, int64_t N, int64_t b, __m256 v) {
+  const int64_t n0 = b * kBlockN;
+  if (n0 + kBlockN <= N) {
+    _mm256_storeu_ps(row + n0, v);
+    return;
+  }
+  alignas(32) float lanes[kBlockN];
+  _mm256_store_ps(lanes, v);
+  for (int64_t j = 0; j < N - n0; ++j) row[n0 + j] = lanes[j];
+}
+
 // MB rows (from m0) against NB blocks of 8 channels (from b0); groups of 8 GW columns.
 template <typename F, int GW, int MB, int NB, typename S>
 inline void block_dot(const Call& c, int64_t m0, int64_t b0, const S* dp, const S* mp) {
@@ -141,19 +165,8 @@ inline void block_dot(const Call& c, int64_t m0, int64_t b0, const S* dp, const 
       }
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const int64_t n0 = (b0 + b) * kBlockN;
-    for (int i = 0; i < MB; ++i) {
-      float* out = c.y + (m0 + i) * c.N + n0;
-      if (n0 + kBlockN <= c.N) {
-        _mm256_storeu_ps(out, tot[b][i]);
-      } else {  // the padded last block: its real channels only
-        alignas(32) float lanes[kBlockN];
-        _mm256_store_ps(lanes, tot[b][i]);
-        for (int64_t j = 0; j < c.N - n0; ++j) out[j] = lanes[j];
-      }
-    }
-  }
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < MB; ++i) store_channels(c.y + (m0 + i) * c.N, c.N, b0 + b, tot[b][i]);
 }
 
 // Rows m0 .. m0 + MB against the blocks b0 .. b0 + nblk (nblk <= kUnit): 4 blocks at once
@@ -170,23 +183,139 @@ inline void unit_dot(const Call& c, int64_t m0, int64_t b0, int64_t nblk, const 
   for (; b < b0 + nblk; ++b) block_dot<F, GW, MB, 1>(c, m0, b, dp, mp);
 }
 
-template <typename F, int GW, typename S>
-void run(const Call& c, int64_t M, const S* dp, const S* mp) {
-  const int64_t nb = (c.N + kBlockN - 1) / kBlockN;
+// The threads split the units of kUnit blocks; each unit meets the rows kRowBlock at a
+// time: unit(m0, rows, b0, nblk), rows 1 .. kRowBlock.
+template <typename Unit>
+void for_units(int64_t M, int64_t N, const Unit& unit) {
+  const int64_t nb = (N + kBlockN - 1) / kBlockN;
   const int64_t units = (nb + kUnit - 1) / kUnit;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b0 = u * kUnit, nblk = std::min<int64_t>(kUnit, nb - b0);
-      for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-        switch (std::min<int64_t>(kRowBlock, M - m0)) {
-          case 4: unit_dot<F, GW, 4>(c, m0, b0, nblk, dp, mp); break;
-          case 3: unit_dot<F, GW, 3>(c, m0, b0, nblk, dp, mp); break;
-          case 2: unit_dot<F, GW, 2>(c, m0, b0, nblk, dp, mp); break;
-          default: unit_dot<F, GW, 1>(c, m0, b0, nblk, dp, mp); break;
-        }
-      }
+      for (int64_t m0 = 0; m0 < M; m0 += kRowBlock)
+        unit(m0, std::min<int64_t>(kRowBlock, M - m0), b0, nblk);
     }
   });
+}
+
+template <typename F, int GW, typename S>
+void run(const Call& c, int64_t M, const S* dp, const S* mp) {
+  for_units(M, c.N, [&](int64_t m0, int64_t rows, int64_t b0, int64_t nblk) {
+    switch (rows) {
+      case 4: unit_dot<F, GW, 4>(c, m0, b0, nblk, dp, mp); break;
+      case 3: unit_dot<F, GW, 3>(c, m0, b0, nblk, dp, mp); break;
+      case 2: unit_dot<F, GW, 2>(c, m0, b0, nblk, dp, mp); break;
+      default: unit_dot<F, GW, 1>(c, m0, b0, nblk, dp, mp); break;
+    }
+  });
+}
+
+// ---- int8 activations: the int4 words against x quantized per group of 32 ----------
+
+struct CallQ8 {
+  const int8_t* xq;  // [M, K] int8, each 8 columns in the order 0 2 4 6 1 3 5 7
+  const float* sx;   // [M, ng]: x's scale per group
+  const float* s;    // [M, ng]: the float32 sum of each group of x
+  const uint8_t* w;  // [blocks, K, 8 channels] int4 words
+  float* y;          // [M, N]
+  int64_t K, ng, N;
+};
+
+// MB rows (from m0) against NB blocks of 8 channels (from b0).
+template <int MB, int NB, typename S>
+inline void block_dot_q8(const CallQ8& c, int64_t m0, int64_t b0, const S* dp, const S* mp) {
+  const int64_t K = c.K, ng = c.ng, block_bytes = K * Q4::kColumnBytes;
+  const int64_t ahead = NB * block_bytes;  // as block_dot: the thread's next blocks
+  const int8_t* xr[MB];
+  for (int i = 0; i < MB; ++i) xr[i] = c.xq + (m0 + i) * K;
+  const uint8_t* wb[NB];
+  for (int b = 0; b < NB; ++b) wb[b] = c.w + (b0 + b) * block_bytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 tot[NB][MB];
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < MB; ++i) tot[b][i] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    __m256i acc[NB][MB];
+    for (int b = 0; b < NB; ++b)
+      for (int i = 0; i < MB; ++i) acc[b][i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int wd = 0; wd < 4; ++wd) {
+      const int64_t k0 = (g * 4 + wd) * 8;
+      __m256i xe[MB], xo[MB];
+      for (int i = 0; i < MB; ++i) {
+        int32_t e, o;
+        std::memcpy(&e, xr[i] + k0, 4);
+        std::memcpy(&o, xr[i] + k0 + 4, 4);
+        xe[i] = _mm256_set1_epi32(e);
+        xo[i] = _mm256_set1_epi32(o);
+      }
+      for (int b = 0; b < NB; ++b) {
+        const uint8_t* p = wb[b] + k0 * Q4::kColumnBytes;
+        if (wd % 2 == 0) prefetch_ahead(p, ahead);  // one per 64-byte line
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        const __m256i even = _mm256_and_si256(v, low4);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int i = 0; i < MB; ++i)
+          acc[b][i] = _mm256_add_epi16(acc[b][i],
+                                       _mm256_add_epi16(_mm256_maddubs_epi16(even, xe[i]),
+                                                        _mm256_maddubs_epi16(odd, xo[i])));
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const int64_t off = ((b0 + b) * ng + g) * kBlockN;
+      const __m256 dv = load_scales(dp + off), mv = load_scales(mp + off);
+      for (int i = 0; i < MB; ++i) {
+        const int64_t at = (m0 + i) * ng + g;
+        const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[b][i], ones));
+        tot[b][i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(dv, _mm256_set1_ps(c.sx[at])), tot[b][i]);
+        tot[b][i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(c.s[at]), tot[b][i]);
+      }
+    }
+  }
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < MB; ++i) store_channels(c.y + (m0 + i) * c.N, c.N, b0 + b, tot[b][i]);
+}
+
+// Rows m0 .. m0 + MB against a unit: 4 blocks at once for one row, 2 for two, else one
+// (at most 8 int16 and 8 float accumulators).
+template <int MB, typename S>
+inline void unit_dot_q8(const CallQ8& c, int64_t m0, int64_t b0, int64_t nblk, const S* dp,
+                        const S* mp) {
+  if (nblk == kUnit && MB == 1) {
+    block_dot_q8<1, 4>(c, m0, b0, dp, mp);
+    return;
+  }
+  int64_t b = b0;
+  if constexpr (MB <= 2)
+    for (; b + 2 <= b0 + nblk; b += 2) block_dot_q8<MB, 2>(c, m0, b, dp, mp);
+  for (; b < b0 + nblk; ++b) block_dot_q8<MB, 1>(c, m0, b, dp, mp);
+}
+
+template <typename S>
+void run_q8(const CallQ8& c, int64_t M, const S* dp, const S* mp) {
+  for_units(M, c.N, [&](int64_t m0, int64_t rows, int64_t b0, int64_t nblk) {
+    switch (rows) {
+      case 4: unit_dot_q8<4>(c, m0, b0, nblk, dp, mp); break;
+      case 3: unit_dot_q8<3>(c, m0, b0, nblk, dp, mp); break;
+      case 2: unit_dot_q8<2>(c, m0, b0, nblk, dp, mp); break;
+      default: unit_dot_q8<1>(c, m0, b0, nblk, dp, mp); break;
+    }
+  });
+}
+
+// x [M, K] -> xq in the kernel's column order, sx and S per group of 32.
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* xq, float* sx, float* s) {
+  const int64_t ng = K / 32;
+  // Within each 8 bytes: the even columns, then the odd ones.
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t at = i * ng + g;
+      const __m256i q = quantize_group_q8(x + i * K + g * 32, sx[at], s[at]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + i * K + g * 32),
+                          _mm256_shuffle_epi8(q, order));
+    }
 }
 
 // S[i, g]: each group of 32 summed in float32, in the same order for every row.
@@ -256,6 +385,29 @@ torch::Tensor int4_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
   return y;
 }
 
+torch::Tensor int4_f32_q8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
+                                 torch::Tensor m, int64_t n) {
+  check_x(x, 32);
+  const int64_t M = x.size(0), K = x.size(1), ng = K / 32, nb = (n + kBlockN - 1) / kBlockN;
+  check_w(w, nb, K * 4);
+  check_scales(d, nb, ng, "int4_f32_q8_matmul: d");
+  check_scales(m, nb, ng, "int4_f32_q8_matmul: m");
+  TORCH_CHECK(d.scalar_type() == m.scalar_type(), "int4_f32_q8_matmul: d, m of one dtype");
+  auto y = torch::empty({M, n}, x.options());
+#if RADIXLM_GROUPS_F32
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> sx(M * ng), s(M * ng);
+  quantize_rows_q8(x.data_ptr<float>(), M, K, xq.data(), sx.data(), s.data());
+  const CallQ8 c{xq.data(), sx.data(), s.data(), static_cast<const uint8_t*>(w.data_ptr()),
+                 y.data_ptr<float>(), K, ng, n};
+  if (d.scalar_type() == torch::kHalf)
+    run_q8(c, M, d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
+  else
+    run_q8(c, M, d.data_ptr<float>(), m.data_ptr<float>());
+#endif
+  return y;
+}
+
 torch::Tensor int8_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor s,
                               int64_t group, int64_t n) {
   TORCH_CHECK(group == 16 || group == 32, "int8_f32_matmul: groups of 16 or 32");
@@ -281,6 +433,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_f32_matmul", &int4_f32_matmul,
         "x [M, K] float32 @ (d * q + m per group of 32).T -> [M, n] float32, x unquantized "
         "(see the source).");
+  m.def("int4_f32_q8_matmul", &int4_f32_q8_matmul,
+        "x [M, K] float32 @ (d * q + m per group of 32).T -> [M, n] float32, x quantized to "
+        "int8 per group of 32 (llama.cpp's Q8 numerics; see the source).");
   m.def("int8_f32_matmul", &int8_f32_matmul,
         "x [M, K] float32 @ (s * q per group of 16 or 32).T -> [M, n] float32, x unquantized.");
   m.def("groups_f32_path", &groups_f32_path, "1: AVX2 + FMA + F16C; 0: not built (refuses).");

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <vector>
 
+#include "quantize_q8.h"
 #include "simd.h"
 
 #if !defined(RADIXLM_INT4_PATH)
@@ -79,31 +80,7 @@ inline void quantize_group(const float* v, int8_t* out, float& d, float& sum) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
                    _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, id))));
 #elif RADIXLM_INT4_PATH == 2
-  __m256 q[4];
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    q[i] = _mm256_loadu_ps(v + 8 * i);
-    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, q[i]));
-    sm = _mm256_add_ps(sm, q[i]);
-  }
-  alignas(32) float t[8], u[8];
-  _mm256_store_ps(t, mx);
-  _mm256_store_ps(u, sm);
-  float amax = 0.f;
-  sum = 0.f;
-  for (int i = 0; i < 8; ++i) {
-    amax = std::max(amax, t[i]);
-    sum += u[i];
-  }
-  d = amax / 127.f;
-  const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(q[i], id));
-  // packs interleave the 128-bit halves: [0 1 2 3 | 4 5 6 7] of 4-byte runs -> order.
-  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), quantize_group_q8(v, d, sum));
 #else
   float amax = 0.f;
   sum = 0.f;

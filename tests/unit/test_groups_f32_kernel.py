@@ -3,7 +3,10 @@ activations, AVX2) and its layouts (models/linear/groups_f32.py).
 
 Against a float64 reference of the dequantized weights times x: the kernel multiplies
 exact q values by float32 x and sums in float32, so its error is float32 summation's
-(~1e-6 of sum |x| |w|); a row's result must not depend on how many rows the call has."""
+(~1e-6 of sum |x| |w|); a row's result must not depend on how many rows the call has.
+Its int8-activation calls (int4_f32_q8_matmul) against the same formula on x quantized
+as llama.cpp does (computed here in torch): exact integer dots, float32 sums; and against
+x itself within the activation rounding's bound."""
 
 from __future__ import annotations
 
@@ -89,6 +92,42 @@ def test_int4_matmul_against_reference(f16: bool, m: int, n: int, k: int) -> Non
     _within_f32_rounding(y, x, groups.dequantize())
 
 
+def _quantized_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] per group of 32 -> (q [M, K] as float64, scale [M, groups], sum [M, groups]):
+    scale max|x| / 127, q = x * (1 / scale) rounded to float32 then to even."""
+    xg = x.view(x.shape[0], -1, 32)
+    sx = xg.abs().amax(-1) / 127
+    inv = torch.where(sx != 0, 1 / sx, torch.zeros_like(sx))
+    q = torch.round(xg * inv[..., None])
+    return q.reshape(x.shape).double(), sx, xg.sum(-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("f16", [True, False])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 33])
+@pytest.mark.parametrize("n,k", [(40, 96), (13, 224), (64, 576), (100, 1536)])
+def test_int4_q8_matmul_against_reference(f16: bool, m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k + 7)
+    groups = _int4(n, k, g, f16)
+    d, mm = block_scales_f32(groups.d, groups.m)
+    x = torch.randn(m, k, generator=g) * 2
+    x[0, :32] = 0                                   # an all-zero group: scale 0
+    y = kernel.int4_f32_q8_matmul(x, pack_int4_f32(groups.q), d, mm, n)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    xq, sx, sums = _quantized_x(x)
+    ng = k // 32
+    dots = torch.einsum("ngk,mgk->mng", groups.q.double().view(n, ng, 32), xq.view(m, ng, 32))
+    terms = dots * groups.d.double()[None] * sx.double()[:, None]
+    mterm = groups.m.double()[None] * sums.double()[:, None]
+    ref, mag = (terms + mterm).sum(-1), (terms.abs() + mterm.abs()).sum(-1)
+    assert ((y.double() - ref).abs() <= 1e-5 * mag + 1e-30).all()
+    # Against x unquantized: each xq within half a step of x / sx.
+    w = groups.dequantize().double()
+    step = sx.double().repeat_interleave(32, dim=1)
+    bound = 0.5 * step @ (groups.q.double() * groups.d.double().repeat_interleave(32, dim=1)).t()
+    assert ((y.double() - x.double() @ w.t()).abs() <= bound + 1e-5 * mag).all()
+
+
 @needs_kernel
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 17])
@@ -105,7 +144,8 @@ def test_int8_matmul_against_reference(group: int, m: int, n: int, k: int) -> No
 @needs_kernel
 def test_rows_equal_single_row_calls_bit_for_bit() -> None:
     """Each row's sums run in one order whatever M (4-row, 2-row and 1-row blocks, 4 or 2
-    or 1 channel blocks at once): a speculative verify's rows equal its decode steps."""
+    or 1 channel blocks at once; x int8 or not): a speculative verify's rows equal its
+    decode steps."""
     g = torch.Generator().manual_seed(5)
     int4, int8 = _int4(200, 576, g), _int8(200, 576, 32, g)
     d, mm = block_scales_f32(int4.d, int4.m)
@@ -113,6 +153,7 @@ def test_rows_equal_single_row_calls_bit_for_bit() -> None:
     w4, w8 = pack_int4_f32(int4.q), pack_int8_f32(int8.q)
     x = torch.randn(11, 576, generator=g)
     for call in (lambda r: kernel.int4_f32_matmul(r, w4, d, mm, 200),
+                 lambda r: kernel.int4_f32_q8_matmul(r, w4, d, mm, 200),
                  lambda r: kernel.int8_f32_matmul(r, w8, s, 32, 200)):
         whole = call(x)
         for i in range(11):
@@ -129,6 +170,10 @@ def test_refuses_what_it_cannot_compute() -> None:
         kernel.int4_f32_matmul(torch.randn(1, 64).bfloat16(), w, d, mm, 16)
     with pytest.raises(RuntimeError, match="multiple"):
         kernel.int4_f32_matmul(torch.randn(1, 48), w, d, mm, 16)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel.int4_f32_q8_matmul(torch.randn(1, 64).bfloat16(), w, d, mm, 16)
+    with pytest.raises(RuntimeError, match="multiple"):
+        kernel.int4_f32_q8_matmul(torch.randn(1, 48), w, d, mm, 16)
     with pytest.raises(RuntimeError, match="groups of 16 or 32"):
         kernel.int8_f32_matmul(torch.randn(1, 64), w, d, 64, 16)
 
@@ -154,6 +199,18 @@ def test_int4_method_kernel_then_fallback_and_compiled_op() -> None:
     assert torch.equal(compiled(x), y)
     with pytest.raises(RuntimeError, match="fallback"):
         Int4GroupwiseLinear(groups, None, max_m=4, act_dtype=torch.float32, use_f32=True)
+    # x quantized to int8 per group: the same words, the kernel's other entry.
+    q8 = Int4GroupwiseLinear(groups, DenseLinear(w), max_m=4, act_dtype=torch.float32,
+                             use_f32=True, int8_activations=True)
+    assert q8.kernel_bytes() == lin.kernel_bytes() and torch.equal(q8.q_f32, lin.q_f32)
+    y8 = q8(x)
+    assert torch.equal(y8, torch.ops.radixlm.int4_f32_q8_matmul(x, q8.q_f32, q8.d, q8.m, 50))
+    assert not torch.equal(y8, y)
+    torch.testing.assert_close(y8, y, rtol=0.05, atol=0.05)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(q8, backend="eager", fullgraph=True)(x), y8)
+    with pytest.raises(RuntimeError, match="int8_activations"):
+        Int4GroupwiseLinear(groups, DenseLinear(w), max_m=4, int8_activations=True)
 
 
 @needs_kernel

@@ -168,8 +168,8 @@ def test_policy_uses_the_kernel_only_when_asked() -> None:
         assert not isinstance(default, Int4GroupwiseLinear)
     on = make_linear_method(w, groups, LinearPolicy("auto", int4_int8_activations=True))
     assert isinstance(on, Int4GroupwiseLinear) and on._kernel is not None and on._bf16 is None
-    # float32 runs: the groups_f32 kernel (x unquantized) by default where it builds, this
-    # kernel when asked, for as many rows as groups_f32 would take.
+    # float32 runs: the groups_f32 kernel where it builds, x unquantized by default, its
+    # int8-activation calls (the same words) when asked, for as many rows either way.
     from radixlm.models.linear.groups_f32 import groups_f32_usable
     from radixlm.models.linear.policy import DEFAULT_GROUPS_F32_MAX_M
 
@@ -178,7 +178,8 @@ def test_policy_uses_the_kernel_only_when_asked() -> None:
         assert isinstance(f32, Int4GroupwiseLinear) and f32._f32 is not None
         on32 = make_linear_method(w.float(), groups,
                                   LinearPolicy("auto", int4_int8_activations=True))
-        assert isinstance(on32, Int4GroupwiseLinear) and on32._kernel is not None
-        assert on32._f32 is None and on32.max_m == DEFAULT_GROUPS_F32_MAX_M
+        assert isinstance(on32, Int4GroupwiseLinear) and on32._f32 is not None
+        assert not f32.int8_activations and on32.int8_activations
+        assert on32._kernel is None and on32.max_m == f32.max_m == DEFAULT_GROUPS_F32_MAX_M
         x = torch.randn(3, 64)
         torch.testing.assert_close(on32(x), x @ w.float().t(), rtol=0.02, atol=0.02)

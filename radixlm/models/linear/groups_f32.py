@@ -1,5 +1,6 @@
 """The groups_f32 C++ kernel (`cpu_kernels/groups_f32.cpp`: int4 and int8 groups against
-float32 activations, AVX2) and its weight layouts.
+float32 activations, AVX2; int4 ones also against x quantized to int8 per group of 32)
+and its weight layouts.
 
 Output channels in blocks of 8 (the last block padded with q = 0 and zero scales), each
 block's K columns in order, 8 channels a column:
@@ -40,6 +41,19 @@ def int4_f32_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.
 
 
 @int4_f32_matmul.register_fake
+def _(x, w, d, m, n):
+    return x.new_empty(x.shape[0], n)
+
+
+@torch.library.custom_op("radixlm::int4_f32_q8_matmul", mutates_args=(), device_types="cpu")
+def int4_f32_q8_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                       n: int) -> torch.Tensor:
+    """int4_f32_q8_matmul (x quantized to int8 per group of 32) as an op compiled decode
+    graphs can hold."""
+    return groups_f32_kernel().int4_f32_q8_matmul(x, w, d, m, n)
+
+
+@int4_f32_q8_matmul.register_fake
 def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 

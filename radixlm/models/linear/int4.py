@@ -2,7 +2,8 @@
 
 Four kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
-* `use_f32` (float32 runs, e.g. on AVX2): `groups_f32.py`, x float32 unquantized;
+* `use_f32` (float32 runs, e.g. on AVX2): `groups_f32.py`, x float32 unquantized (with
+  `int8_activations`, opt-in: x quantized to int8 per group of 32, the same words);
 * `use_bf16` (the default on AVX512-BF16): `cpu_kernels/int4_bf16.cpp`, layout
   `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; AMX tiles where
   the CPU has them); with AMX-BF16, calls past max_m up to `tiles_max_m` rows (None: all,
@@ -156,14 +157,18 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
     def __init__(self, groups: Int4Groups, fallback: LinearMethod | None, max_m: int,
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
                  use_bf16: bool = False, tiles_max_m: int | None = 0,
-                 use_f32: bool = False) -> None:
+                 use_f32: bool = False, int8_activations: bool = False) -> None:
         """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None).
-        At most one of use_blocks, use_bf16, use_f32."""
+        At most one of use_blocks, use_bf16, use_f32; int8_activations with use_f32 only."""
         super().__init__(fallback, max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.act_dtype = act_dtype
         self._f32 = groups_f32_kernel() if use_f32 else None
+        self.int8_activations = int8_activations
+        if int8_activations and not use_f32:
+            raise RuntimeError("int8_activations is the groups_f32 kernel's (use_f32); "
+                               "use_blocks quantizes x itself")
         if use_f32:
             if self._f32 is None or groups.group_size != 32 or use_blocks or use_bf16:
                 raise RuntimeError("use_f32: the groups_f32 kernel is not built for AVX2 here, "
@@ -227,10 +232,14 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         if self._f32 is not None:
+            args = (x, self.q_f32, self.d, self.m, self.out_features)
+            if self.int8_activations:
+                if torch.compiler.is_compiling():
+                    return torch.ops.radixlm.int4_f32_q8_matmul(*args)
+                return self._f32.int4_f32_q8_matmul(*args)
             if torch.compiler.is_compiling():
-                return torch.ops.radixlm.int4_f32_matmul(x, self.q_f32, self.d, self.m,
-                                                         self.out_features)
-            return self._f32.int4_f32_matmul(x, self.q_f32, self.d, self.m, self.out_features)
+                return torch.ops.radixlm.int4_f32_matmul(*args)
+            return self._f32.int4_f32_matmul(*args)
         if self._bf16 is not None:
             if torch.compiler.is_compiling():
                 return torch.ops.radixlm.int4_bf16_matmul(x, self.q_bf16, self.d, self.m,

@@ -104,8 +104,9 @@ class LinearPolicy:
     # one 0.625 B/weight copy) instead of aten's int4pack (bf16 x, 1.375 B/weight): 1.3x
     # faster at one row, but the default model's decode logits move 2-3x more (0.036 /
     # 0.076 vs 0.018 / 0.027 relative) and a parity prompt's greedy text changes. In
-    # float32 runs it replaces the groups_f32 kernel (x unquantized) for the int4 layers,
-    # up to groups_f32_max_m rows; the int8-group layers stay on groups_f32.
+    # float32 runs the groups_f32 kernel's int4 layers take x quantized the same way (its
+    # int4_f32_q8_matmul, same weights, up to groups_f32_max_m rows); its int8-group
+    # layers keep x unquantized.
     int4_int8_activations: bool = False
     groups_f32_max_m: int = DEFAULT_GROUPS_F32_MAX_M
 
@@ -167,17 +168,16 @@ def make_linear_method(weight: torch.Tensor, int4: Int4Groups | None,
                          "with int8 dot products (avx512_vnni, avx_vnni or amx_int8): without "
                          "them oneDNN's int8 GEMM saturates its sums; use --quantization auto")
     if int4 is not None and policy.keeps_int4(dtype, device):
-        blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
-        if policy.groups_f32(dtype) and not blocks:
+        if policy.groups_f32(dtype):
             if int4_kernel_fits(int4, f32=True):
                 return Int4GroupwiseLinear(int4, dense(weight), policy.groups_f32_max_m,
-                                           act_dtype=dtype, use_f32=True)
+                                           act_dtype=dtype, use_f32=True,
+                                           int8_activations=policy.int4_int8_activations)
         else:
+            blocks = policy.int4_int8_activations and int4_blocks_kernel() is not None
             bf16 = not blocks and int4_bf16_kernel_usable()
             if int4_kernel_fits(int4, blocks, bf16):
-                # a float32 run's dense fallback is the slower float32 GEMM: groups_f32's rows
-                max_m = (policy.groups_f32_max_m if dtype == torch.float32
-                         else policy.small_batch_max_m)
+                max_m = policy.small_batch_max_m
                 if bf16:
                     max_m = max(max_m, policy.int4_bf16_max_m)
                 on_tiles = bf16 and policy.amx_tiles and int4_tiles_usable()
