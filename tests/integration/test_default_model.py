@@ -292,18 +292,16 @@ def test_quantization_auto_logits_and_greedy_match_dense(bf16_pair, tokenizer_ca
 
 def test_float32_int8_activations_opt_in(ours_auto, gguf_path, tokenizer_cache):
     """--int4-int8-activations in a float32 run: the int4 projections on the groups_f32
-    kernel's int8-activation calls (x quantized to int8 per group of 32, the same packed
-    weights), the Q8_0 head still on x unquantized; near the default float32 run (x
-    unquantized, within float32 rounding of dense)."""
+    kernel's int8-activation calls for every call (x quantized to int8 per group of 32,
+    the same packed weights, no dense copy), the Q8_0 head still on x unquantized; near
+    the default float32 run (x unquantized, within float32 rounding of dense)."""
     from radixlm.models.linear import Int4GroupwiseLinear, LinearPolicy
-    from radixlm.models.linear.policy import DEFAULT_GROUPS_F32_MAX_M
-
     model, config = load_model(gguf_path, torch.float32, "cpu", linear_policy=LinearPolicy(
         "auto", int4_int8_activations=True))
     for layer in model.model.layers:
         method = layer.mlp.gate_up_proj.method
         assert isinstance(method, Int4GroupwiseLinear) and method._f32 is not None
-        assert method.int8_activations and method.max_m == DEFAULT_GROUPS_F32_MAX_M
+        assert method.int8_activations and method.fallback is None  # every call
     assert model.logits_method._f32 is not None
     _assert_near_reference(model, ours_auto[0], config, tokenizer_cache[0],
                            INT8_ACTIVATIONS_LOGITS_TOL)

@@ -199,14 +199,16 @@ def test_int4_method_kernel_then_fallback_and_compiled_op() -> None:
     assert torch.equal(compiled(x), y)
     with pytest.raises(RuntimeError, match="fallback"):
         Int4GroupwiseLinear(groups, None, max_m=4, act_dtype=torch.float32, use_f32=True)
-    # x quantized to int8 per group: the same words, the kernel's other entry.
-    q8 = Int4GroupwiseLinear(groups, DenseLinear(w), max_m=4, act_dtype=torch.float32,
-                             use_f32=True, int8_activations=True)
+    # x quantized to int8 per group: the same words, the kernel's other entry, which
+    # without a fallback takes every call.
+    q8 = Int4GroupwiseLinear(groups, None, max_m=4, act_dtype=torch.float32, use_f32=True,
+                             int8_activations=True)
     assert q8.kernel_bytes() == lin.kernel_bytes() and torch.equal(q8.q_f32, lin.q_f32)
     y8 = q8(x)
     assert torch.equal(y8, torch.ops.radixlm.int4_f32_q8_matmul(x, q8.q_f32, q8.d, q8.m, 50))
     assert not torch.equal(y8, y)
     torch.testing.assert_close(y8, y, rtol=0.05, atol=0.05)
+    assert torch.equal(q8(big), kernel.int4_f32_q8_matmul(big, q8.q_f32, q8.d, q8.m, 50))
     torch._dynamo.reset()
     assert torch.equal(torch.compile(q8, backend="eager", fullgraph=True)(x), y8)
     with pytest.raises(RuntimeError, match="int8_activations"):

@@ -10,6 +10,8 @@ must agree with the reference too (they run on any x86-64 with AVX2)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -168,8 +170,9 @@ def test_policy_uses_the_kernel_only_when_asked() -> None:
         assert not isinstance(default, Int4GroupwiseLinear)
     on = make_linear_method(w, groups, LinearPolicy("auto", int4_int8_activations=True))
     assert isinstance(on, Int4GroupwiseLinear) and on._kernel is not None and on._bf16 is None
-    # float32 runs: the groups_f32 kernel where it builds, x unquantized by default, its
-    # int8-activation calls (the same words) when asked, for as many rows either way.
+    # float32 runs: the groups_f32 kernel where it builds, x unquantized by default (a
+    # dense float32 copy past its rows), its int8-activation calls (the same words) when
+    # asked, then for every call (no dense copy).
     from radixlm.models.linear.groups_f32 import groups_f32_usable
     from radixlm.models.linear.policy import DEFAULT_GROUPS_F32_MAX_M
 
@@ -180,6 +183,8 @@ def test_policy_uses_the_kernel_only_when_asked() -> None:
                                   LinearPolicy("auto", int4_int8_activations=True))
         assert isinstance(on32, Int4GroupwiseLinear) and on32._f32 is not None
         assert not f32.int8_activations and on32.int8_activations
-        assert on32._kernel is None and on32.max_m == f32.max_m == DEFAULT_GROUPS_F32_MAX_M
-        x = torch.randn(3, 64)
-        torch.testing.assert_close(on32(x), x @ w.float().t(), rtol=0.02, atol=0.02)
+        assert f32.max_m == DEFAULT_GROUPS_F32_MAX_M and f32.fallback is not None
+        assert on32._kernel is None and on32.fallback is None and on32.max_m == sys.maxsize
+        for rows in (3, DEFAULT_GROUPS_F32_MAX_M + 1):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(on32(x), x @ w.float().t(), rtol=0.02, atol=0.02)

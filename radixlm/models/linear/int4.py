@@ -3,7 +3,7 @@
 Four kernels for calls of at most `max_m` rows (more: the dense fallback,
 `SmallBatchQuantized`), each keeping its own exact form of the groups:
 * `use_f32` (float32 runs, e.g. on AVX2): `groups_f32.py`, x float32 unquantized (with
-  `int8_activations`, opt-in: x quantized to int8 per group of 32, the same words);
+  `int8_activations`, opt-in: x quantized to int8 per group of 32, every call);
 * `use_bf16` (the default on AVX512-BF16): `cpu_kernels/int4_bf16.cpp`, layout
   `int4_bf16_blocks.py`, x UNQUANTIZED (bf16 dot products, float32 sums; AMX tiles where
   the CPU has them); with AMX-BF16, calls past max_m up to `tiles_max_m` rows (None: all,
@@ -16,6 +16,8 @@ Four kernels for calls of at most `max_m` rows (more: the dense fallback,
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -158,9 +160,11 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
                  act_dtype: torch.dtype = torch.bfloat16, use_blocks: bool = False,
                  use_bf16: bool = False, tiles_max_m: int | None = 0,
                  use_f32: bool = False, int8_activations: bool = False) -> None:
-        """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None).
-        At most one of use_blocks, use_bf16, use_f32; int8_activations with use_f32 only."""
-        super().__init__(fallback, max_m)
+        """fallback None: every call past max_m on the 4-bit tiles (tiles_max_m None), or
+        with use_f32 and int8_activations every call on that kernel. At most one of
+        use_blocks, use_bf16, use_f32; int8_activations with use_f32 only."""
+        every_call = use_f32 and int8_activations and fallback is None
+        super().__init__(fallback, sys.maxsize if every_call else max_m)
         self.group_size = groups.group_size
         self.out_features, self.in_features = groups.shape
         self.act_dtype = act_dtype
@@ -173,8 +177,9 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
             if self._f32 is None or groups.group_size != 32 or use_blocks or use_bf16:
                 raise RuntimeError("use_f32: the groups_f32 kernel is not built for AVX2 here, "
                                    "the groups are not of 32, or another kernel was asked for")
-            if fallback is None:
-                raise RuntimeError("use_f32 needs a dense fallback for calls past max_m")
+            if fallback is None and not int8_activations:
+                raise RuntimeError("use_f32 needs a dense fallback for calls past max_m "
+                                   "(with int8_activations: every call on the kernel)")
             self.register_buffer("q_f32", pack_int4_f32(groups.q), persistent=False)
             d, m = block_scales_f32(groups.d, groups.m)
             self.register_buffer("d", d, persistent=False)
