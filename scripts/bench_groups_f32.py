@@ -1,7 +1,8 @@
 """Side by side in one process: the groups_f32 C++ kernel (int4 / int8 groups x float32
-activations, AVX2) against the dense float32 weights it replaces (oneDNN prepacked) and
-against the kernels that quantize x to int8 per group of 32 as llama.cpp does
-(int4_groups, opt-in `--int4-int8-activations`; int8_groups), on SmolLM2-135M's shapes:
+activations, AVX2; its int4 words x int8 activations, "f32 groups q8": a float32 run's
+`--int4-int8-activations`) against the dense float32 weights it replaces (oneDNN
+prepacked) and against the kernels that quantize x to int8 per group of 32 in their own
+layouts (int4_groups: bf16 runs' `--int4-int8-activations`; int8_groups), on SmolLM2-135M's shapes:
 one decoder layer's four projections (Q4_1-like int4 groups; x 30 layers a decode step)
 and the tied 49152 x 576 head (Q8_0-like int8 groups), at each row count; methods timed
 in turn, best of `--rounds` batches of `--calls` calls.

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if !defined(RADIXLM_GROUPS_F32)
@@ -364,16 +365,23 @@ void check_w(const torch::Tensor& w, int64_t nb, int64_t bytes_per_block) {
               "groups_f32: w [ceil(n / 8), ...] contiguous, the bytes of 8 channels a block");
 }
 
+// The two int4 entries' arguments (`what`: the entry, for the messages).
+void check_int4(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& d,
+                const torch::Tensor& m, int64_t n, const std::string& what) {
+  check_x(x, 32);
+  const int64_t K = x.size(1), nb = (n + kBlockN - 1) / kBlockN;
+  check_w(w, nb, K * 4);
+  check_scales(d, nb, K / 32, (what + ": d").c_str());
+  check_scales(m, nb, K / 32, (what + ": m").c_str());
+  TORCH_CHECK(d.scalar_type() == m.scalar_type(), what, ": d, m of one dtype");
+}
+
 }  // namespace
 
 torch::Tensor int4_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
                               torch::Tensor m, int64_t n) {
-  check_x(x, 32);
-  const int64_t M = x.size(0), K = x.size(1), ng = K / 32, nb = (n + kBlockN - 1) / kBlockN;
-  check_w(w, nb, K * 4);
-  check_scales(d, nb, ng, "int4_f32_matmul: d");
-  check_scales(m, nb, ng, "int4_f32_matmul: m");
-  TORCH_CHECK(d.scalar_type() == m.scalar_type(), "int4_f32_matmul: d, m of one dtype");
+  check_int4(x, w, d, m, n, "int4_f32_matmul");
+  const int64_t M = x.size(0), K = x.size(1), ng = K / 32;
   auto y = torch::empty({M, n}, x.options());
 #if RADIXLM_GROUPS_F32
   std::vector<float> s(M * ng);
@@ -387,12 +395,8 @@ torch::Tensor int4_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
 
 torch::Tensor int4_f32_q8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
                                  torch::Tensor m, int64_t n) {
-  check_x(x, 32);
-  const int64_t M = x.size(0), K = x.size(1), ng = K / 32, nb = (n + kBlockN - 1) / kBlockN;
-  check_w(w, nb, K * 4);
-  check_scales(d, nb, ng, "int4_f32_q8_matmul: d");
-  check_scales(m, nb, ng, "int4_f32_q8_matmul: m");
-  TORCH_CHECK(d.scalar_type() == m.scalar_type(), "int4_f32_q8_matmul: d, m of one dtype");
+  check_int4(x, w, d, m, n, "int4_f32_q8_matmul");
+  const int64_t M = x.size(0), K = x.size(1), ng = K / 32;
   auto y = torch::empty({M, n}, x.options());
 #if RADIXLM_GROUPS_F32
   std::vector<int8_t> xq(M * K);
