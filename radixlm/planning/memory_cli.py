@@ -44,6 +44,9 @@ def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="auto: as the engine's --quantization auto (a GGUF's Q4_0/Q4_1 "
                    "projections keep an int4 form on a bfloat16 CPU run); int4: that, on any "
                    "device; fp8: 1-byte linear weights (planning only).")
+    p.add_argument("--int4-int8-activations", action="store_true",
+                   help="As the engine's flag: in a float32 run the int4 layers keep no "
+                   "dense copy.")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPE_BYTES])
     p.add_argument("--tp-size", type=int, default=1, help="Tensor-parallel ranks; sizes "
                    "are per rank.")
@@ -117,8 +120,10 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
     weights = estimate_weights(shapes, cfg, act_bytes, quant, ns.tp_size, source, stored,
                                int4_names, dtype,
                                prepacked_head=onednn_prepack_available(torch_dtype, device_guess),
-                               int8_forms=(gguf_int8_tensors(path) if quant == "int4"
-                                           and path.endswith(".gguf") else None))
+                               int8_forms=(gguf_int8_tensors(path, dtype == "float32")
+                                           if quant == "int4"
+                                           and path.endswith(".gguf") else None),
+                               int4_int8_activations=ns.int4_int8_activations)
     device = _device(ns, weights.total_bytes)
     context_len = min(cfg.max_position_embeddings, ns.context_length or 1 << 30,
                       cfg.context_cap or 1 << 30)

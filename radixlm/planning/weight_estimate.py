@@ -206,11 +206,13 @@ def _fused_siblings(name: str) -> list[str]:
     return [name]
 
 
-def gguf_int8_tensors(path: str) -> dict[str, float]:
+def gguf_int8_tensors(path: str, float32: bool = False) -> dict[str, float]:
     """HF name -> bytes a weight of its int8 groups, for a GGUF's Q8_0/Q5_0/Q6_K
     projections, and embedding / lm_head of a large vocabulary (`INT8_HEAD_MIN_ROWS`): what
     `--quantization auto` keeps as int8. Q5_0 projections whose fused layer is all Q5_0
-    keep 5-bit groups instead where the q5_bf16 kernel runs (22 bytes per 32 weights)."""
+    keep 5-bit groups instead where the q5_bf16 kernel runs (22 bytes per 32 weights).
+    `float32`: a float32 run (the groups_f32 kernel): no 5-bit form, and the scales of
+    Q8_0 / Q5_0 (the file's halves) kept as float16, Q6_K's d * sc as float32."""
     from gguf import GGMLQuantizationType
 
     from radixlm.models.gguf_int8 import int8_group_size, is_int8_type
@@ -222,7 +224,12 @@ def gguf_int8_tensors(path: str) -> dict[str, float]:
     arch = gguf_architecture(reader)
     types = {hf_name(t.name, arch): t.tensor_type for t in reader.tensors
              if t.name != "rope_freqs.weight"}
-    q5 = q5_bf16_kernel_usable()
+    q5 = not float32 and q5_bf16_kernel_usable()
+
+    def int8_bytes(tensor_type: GGMLQuantizationType) -> float:
+        half = float32 and tensor_type in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0)
+        return 1 + (2 if half else 4) / int8_group_size(tensor_type)
+
     out = {}
     for t in reader.tensors:
         if t.name == "rope_freqs.weight" or not is_int8_type(t.tensor_type):
@@ -232,9 +239,9 @@ def gguf_int8_tensors(path: str) -> dict[str, float]:
         if name.endswith(_LINEAR_WEIGHTS):
             fused = [types.get(n) for n in _fused_siblings(name) if n in types]
             five = q5 and all(ft == GGMLQuantizationType.Q5_0 for ft in fused)
-            out[name] = 22 / 32 if five else 1 + 4 / int8_group_size(t.tensor_type)
+            out[name] = 22 / 32 if five else int8_bytes(t.tensor_type)
         elif name.endswith(_VOCAB_PARALLEL) and rows >= INT8_HEAD_MIN_ROWS:
-            out[name] = 1 + 4 / int8_group_size(t.tensor_type)
+            out[name] = int8_bytes(t.tensor_type)
     return out
 
 
@@ -262,14 +269,16 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
                      quantization: str = "none", tp: int = 1, source: str = "config",
                      on_disk_bytes: int | None = None, int4_names: frozenset[str] = frozenset(),
                      dtype_name: str = "", prepacked_head: bool = False,
-                     int8_forms: dict[str, float] | None = None) -> WeightEstimate:
+                     int8_forms: dict[str, float] | None = None,
+                     int4_int8_activations: bool = False) -> WeightEstimate:
     """Bytes of one TP rank's weights. Tensors the model does not hold are skipped: a
     checkpoint's lm_head when embeddings are tied, RoPE `inv_freq` buffers.
     `quantization="int4"`: the `int4_names` projections also keep their int4 form, the
     `int8_forms` tensors their int8 / 5-bit groups (only those on AMX CPUs:
     `LinearPolicy`'s `int4_tiles_max_m`, `q5_tiles_max_m`, `int8_tiles_max_m` defaults).
     `prepacked_head`: the LM head is prepacked for oneDNN (CPU), so a tied head holds its
-    own packed copy of the embedding."""
+    own packed copy of the embedding. `int4_int8_activations`: the engine's flag (a float32
+    run's int4 layers then keep no dense copy)."""
     from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
     from radixlm.models.linear.groups_f32 import groups_f32_usable
     from radixlm.models.linear.int4 import (int4_bf16_kernel_usable, int4_bytes_per_weight,
@@ -284,7 +293,7 @@ def estimate_weights(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, dtype
     int4_bf16 = quantization == "int4" and dtype_bytes == 2 and int4_bf16_kernel_usable()
     f32 = quantization == "int4" and dtype_bytes == 4 and groups_f32_usable()
     int4_per_weight = int4_bytes_per_weight(dtype_bytes, bf16=int4_bf16, f32=f32)
-    int4_dense = not (int4_bf16 and int4_tiles_usable())
+    int4_dense = not (int4_bf16 and int4_tiles_usable()) and not (f32 and int4_int8_activations)
     # int8 / 5-bit groups (GGUF's groups of 16 or 32): no dense fallback on the AMX tiles;
     # a float32 run's int8 head none either (groups_f32 takes its every call)
     int8_dense = not (int8_forms and dtype_bytes == 2 and bf16_tiles_kernel() is not None)

@@ -103,6 +103,33 @@ def test_default_gguf_int4_estimate_equals_the_loaded_model(capsys):
     assert "int4 groupwise" not in none["weight_formats"]
 
 
+@requires_default_model
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_default_gguf_float32_estimate_equals_the_loaded_model(capsys, int8_activations):
+    """A float32 run with the groups_f32 kernel (AVX2): the int4 and int8 groups, the int4
+    layers' dense float32 fallback unless --int4-int8-activations (every call on the
+    kernel), as the loaded model holds them."""
+    import torch
+
+    from radixlm.models import resolve_model_path
+    from radixlm.models.linear import LinearPolicy
+    from radixlm.models.linear.groups_f32 import groups_f32_usable
+    from radixlm.models.loader import load_model
+    from radixlm.planning.weight_estimate import module_bytes
+
+    if not groups_f32_usable():
+        pytest.skip("the groups_f32 kernel needs AVX2, FMA and F16C")
+    flags = ["--int4-int8-activations"] if int8_activations else []
+    code, plan = run_json(capsys, "--device", "cpu", "--device-memory", "4GiB",
+                          "--dtype", "float32", "--quantization", "auto", *flags)
+    assert code == 0
+    model, _ = load_model(resolve_model_path(None), torch.float32, "cpu", linear_policy=
+                          LinearPolicy("auto", int4_int8_activations=int8_activations))
+    assert plan["weights"]["total_bytes"] == module_bytes(model)
+    fallback = "dense float32 (fallback for large batches)"
+    assert (fallback in plan["weight_formats"]) is not int8_activations
+
+
 @pytest.mark.parametrize("name, params_b, tol_b", [
     ("qwen3-8b", 8.19, 0.01), ("qwen3-30b-a3b", 30.53, 0.01), ("mixtral-8x7b", 46.70, 0.01),
     ("gemma-3-270m", 0.268, 0.001)])
