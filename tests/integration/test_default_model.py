@@ -17,6 +17,7 @@ import torch
 from radixlm.models import load_model, resolve_model_path
 from radixlm.models.gguf_loader import _FastGGUFReader
 from radixlm.tokenizer.loader import CACHE_ENV, load_tokenizer
+from tests.conftest import requires_w8a8
 from tests.conftest_models import PoolHarness, rel_err
 
 
@@ -319,12 +320,9 @@ W8A8_LOGITS_TOL = 0.3
 W8A8_MIN_ARGMAX_AGREEMENT = 0.75
 
 
+@requires_w8a8
 def test_w8a8_int8_prompt_logits_near_dense(bf16_pair, gguf_path, tokenizer_cache):
     from radixlm.models.linear import LinearPolicy, W8A8Int8Linear
-    from radixlm.models.linear.w8a8 import w8a8_kernel_available
-
-    if not w8a8_kernel_available(torch.device("cpu")):
-        pytest.skip("no oneDNN int8 linear here, or no int8 dot products (VNNI / AMX-INT8)")
     (none, config) = bf16_pair[1]
     w8a8, _ = load_model(gguf_path, torch.bfloat16, "cpu",
                          linear_policy=LinearPolicy("w8a8_int8"))

@@ -1,5 +1,6 @@
-"""The kernel builder says what it builds before it builds, records how long it took, and
-finds the build done the second time (a C++ source without torch headers, ~1 s to build)."""
+"""The kernel builder says what it builds before it builds, records how long it took,
+finds the build done the second time (also from a second checkout), and is not blocked by
+a killed build's lock (a C++ source on Python's C API alone, ~1 s to build)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ TINY = r"""
 #define CAT(a, b) CAT2(a, b)
 #define STR2(a) #a
 #define STR(a) STR2(a)
-static PyModuleDef tiny_module = {PyModuleDef_HEAD_INIT, STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
+static PyObject* two(PyObject*, PyObject*) { return PyLong_FromLong(2); }
+static PyMethodDef methods[] = {{"two", two, METH_NOARGS, nullptr}, {nullptr, nullptr, 0, nullptr}};
+static PyModuleDef tiny_module = {PyModuleDef_HEAD_INIT, STR(TORCH_EXTENSION_NAME), nullptr, -1, methods};
 PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&tiny_module); }
 """
 
@@ -159,3 +162,54 @@ def test_extra_flags_are_compiled_in_and_keyed(tmp_path: Path, monkeypatch: pyte
     assert build.build_extension("tiny_flag", source, ("-DTINY_FLAG",)) is not None
     assert (build._build_dir("tiny_flag", source, ("-DTINY_FLAG",))
             / f"radixlm_tiny_flag_{build._build_key(source, ('-DTINY_FLAG',))}.so").exists()
+
+
+def test_a_killed_build_does_not_block_later_builds(tmp_path, monkeypatch):
+    """torch's build lock file left behind by a killed build is cleared, not waited on
+    (a tiny extension, so the build is quick)."""
+    import textwrap
+
+    source = tmp_path / "tiny.cpp"
+    source.write_text(TINY)
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from radixlm.cpu_kernels import build
+        src = Path({str(source)!r})
+        d = build.cache_root() / "cpu_kernels" / f"tiny-{{build._build_key(src)}}"
+        d.mkdir(parents=True)
+        (d / "lock").touch()  # what a build killed inside torch's load() leaves
+        assert build.build_extension("tiny", src).two() == 2
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_a_second_checkout_reuses_the_build(tmp_path, monkeypatch):
+    """Two checkouts of the same sources (two venvs, a worktree) share one build: the
+    sources are staged into the build directory, so ninja sees the same paths and does not
+    recompile (it used to, for every other checkout, and under load that pushed server
+    start-ups past their timeouts)."""
+    import textwrap
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    sources = []
+    for checkout in ("a", "b"):
+        (tmp_path / checkout).mkdir()
+        source = tmp_path / checkout / "tiny.cpp"
+        source.write_text(TINY)
+        sources.append(source)
+
+    def build_from(source) -> float:
+        code = textwrap.dedent(f"""
+            from pathlib import Path
+            from radixlm.cpu_kernels import build
+            m = build.build_extension("tiny", Path({str(source)!r}))
+            assert m.two() == 2
+            print(Path(m.__file__).stat().st_mtime_ns)
+        """)
+        out = subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                             capture_output=True, text=True)
+        return int(out.stdout.split()[-1])
+
+    first = build_from(sources[0])
+    assert build_from(sources[1]) == first  # the .so was not rebuilt

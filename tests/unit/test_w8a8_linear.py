@@ -11,12 +11,11 @@ import torch.nn.functional as F
 
 from radixlm.models.linear import (LinearPolicy, W8A8Int8Linear, make_linear_method,
                                    quantize_per_channel_int8, weight_bytes_by_format)
-from radixlm.models.linear.w8a8 import ACT_ZERO_POINT, quantize_per_token_u8, w8a8_kernel_available
+from radixlm.models.linear.w8a8 import ACT_ZERO_POINT, quantize_per_token_u8
+from tests.conftest import requires_w8a8
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not w8a8_kernel_available(CPU),
-                                reason="no oneDNN int8 linear in this torch build, or no "
-                                "int8 dot products on this CPU (VNNI / AMX-INT8)")
+pytestmark = requires_w8a8
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
