@@ -17,7 +17,11 @@
 //                request do (row j sees the drafts of rows 0..j-1)
 //
 // One task per (request, KV head): the G = H / KVH query heads of the group share each K
-// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. Which
+// and V row (GQA without repeating K/V). Tasks are spread over torch's threads. In the
+// float32 block kernel a (request, KV head) with more than kSplitPositions visible
+// positions is split into chunks of that many, each a task, their softmax states merged in
+// order afterwards (flash-decoding): one long request keeps every thread busy. The split
+// depends on the request's own length only, so a row's result is the same in any batch. Which
 // kernel: bf16 queries and KV take the AMX kernel (decode_amx.h) where AMX-BF16 runs, with
 // head_dim 64 or 128 for groups of 1-4, 6, 7 and 8 (MHA; Qwen3, Gemma 2; SmolLM2, Llama
 // 3.2 3B; Llama 3, Mistral; Qwen2.5) and 256 for groups of 1, 2, 4 and 8 (Gemma 2, 3),
@@ -117,6 +121,76 @@ inline void softmax_step(Scratch<kv_t>& s, int64_t g, vf sc, vf valid, int64_t D
   store(s.p.data() + g * kLanes, p);
 }
 
+// Positions per task of the block kernel (a multiple of every kLanes): longer requests
+// are split (see the file's header). Shorter ones run as one task, as before the split.
+constexpr int64_t kSplitPositions = 256;
+
+// One task of the block kernel: request b's KV head h over visible positions [l0, l1);
+// `part` >= 0: one chunk of a split (request, KV head), its state kept at that index.
+struct BlockTask {
+  int64_t b, h, l0, l1, part;
+};
+
+// Every task of a call, in (request, KV head, chunk) order; *parts: the chunks kept.
+inline std::vector<BlockTask> block_tasks(const int64_t* lens, int64_t B, int64_t KVH,
+                                          int64_t window, int64_t* parts) {
+  std::vector<BlockTask> tasks;
+  *parts = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+    const int64_t L = lens[b] - first;
+    for (int64_t h = 0; h < KVH; ++h) {
+      if (L <= kSplitPositions) {
+        tasks.push_back({b, h, 0, L, -1});
+        continue;
+      }
+      for (int64_t l0 = 0; l0 < L; l0 += kSplitPositions)
+        tasks.push_back({b, h, l0, std::min(L, l0 + kSplitPositions), (*parts)++});
+    }
+  }
+  return tasks;
+}
+
+// The split (request, KV head)s' outputs: their chunks' states merged in chunk order, each
+// rescaled to the largest max (the online softmax's step, once per chunk).
+template <typename q_t, typename kv_t>
+void merge_parts(const std::vector<BlockTask>& tasks, const float* state, int64_t part_floats,
+                 q_t* out, int64_t H, int64_t G, int64_t D) {
+  std::vector<int64_t> firsts;  // the first task of each split (request, KV head)
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i)
+    if (tasks[i].part >= 0 && (i == 0 || tasks[i - 1].part < 0 || tasks[i - 1].b != tasks[i].b
+                               || tasks[i - 1].h != tasks[i].h))
+      firsts.push_back(i);
+  at::parallel_for(0, static_cast<int64_t>(firsts.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(D);
+    for (int64_t f = begin; f < end; ++f) {
+      const int64_t i0 = firsts[f];
+      const BlockTask& t0 = tasks[i0];
+      int64_t i1 = i0;
+      while (i1 < static_cast<int64_t>(tasks.size()) && tasks[i1].part >= 0 &&
+             tasks[i1].b == t0.b && tasks[i1].h == t0.h)
+        ++i1;
+      q_t* ob = out + (t0.b * H + t0.h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        float m = -INFINITY;
+        for (int64_t i = i0; i < i1; ++i) m = std::max(m, state[tasks[i].part * part_floats + g]);
+        float sum = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* st = state + tasks[i].part * part_floats;
+          const float c = exp_approx(st[g] - m);
+          sum += st[G + g] * c;
+          const float* a = st + 2 * G + g * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += a[d] * c;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t d = 0; d < D; ++d)
+          ob[g * D + row_index<kv_t>(d)] = static_cast<q_t>(acc[d] * inv);
+      }
+    }
+  });
+}
+
 // The block kernel: positions in blocks of kLanes. Per block and query head g the scores
 // of the kLanes positions come out in the lanes of one vector (per position a partial
 // vector of q * k over head_dim, kept in registers, then one transpose_sum for the
@@ -139,13 +213,20 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   const vf order = transpose_order();
   int order_i[kLanes];
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  int64_t parts;
+  const std::vector<BlockTask> tasks = block_tasks(lens, B, KVH, window, &parts);
+  // A split chunk's state: per head its max, its sum of probabilities, its G x D sums.
+  const int64_t part_floats = G * (D + 2);
+  std::vector<float> part_state(parts * part_floats);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch<kv_t> s(G, D);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KVH, h = task % KVH;
+    for (int64_t ti = begin; ti < end; ++ti) {
+      const BlockTask& task = tasks[ti];
+      const int64_t b = task.b, h = task.h;
       int64_t L;
-      const int32_t* slots = begin_task(b, h, KVH, D, kb, vb, r2t, r2t_stride, rows, lens,
-                                        window, kv, &L);
+      // The step's own K/V row is position L - 1: the task holding it writes it first.
+      const int32_t* slots = visible_slots(b, r2t, r2t_stride, rows, lens, window, &L);
+      if (kv.k != nullptr && task.l1 == L) write_kv(kv, b, h, KVH, D, kb, vb);
       // Queries and sums in load2's layout of kv_t (bf16: even, odd elements).
       const q_t* qb = q + (b * H + h * G) * D;
       for (int64_t i = 0; i < G * D; ++i)
@@ -156,10 +237,11 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       const auto row = [&](kv_t* buf, int64_t l) {
         return buf + (static_cast<int64_t>(slots[l]) * KVH + h) * D;
       };
-      for (int64_t l0 = 0; l0 < L; l0 += kLanes) {
-        const int64_t n = std::min<int64_t>(kLanes, L - l0);
+      const int64_t lend = task.l1;
+      for (int64_t l0 = task.l0; l0 < lend; l0 += kLanes) {
+        const int64_t n = std::min<int64_t>(kLanes, lend - l0);
         // The next block's rows are gathered through req_to_token (no hardware prefetch).
-        for (int64_t l = l0 + kLanes; l < std::min<int64_t>(L, l0 + 2 * kLanes); ++l) {
+        for (int64_t l = l0 + kLanes; l < std::min<int64_t>(lend, l0 + 2 * kLanes); ++l) {
           prefetch_row(row(kb, l), D);
           prefetch_row(row(vb, l), D);
         }
@@ -247,6 +329,15 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
           }
         }
       }
+      if (task.part >= 0) {  // a chunk: its state, merged below
+        float* st = part_state.data() + task.part * part_floats;
+        for (int64_t g = 0; g < G; ++g) {
+          st[g] = s.m[g];
+          st[G + g] = hsum(s.lsum[g]);
+        }
+        std::copy(s.acc.begin(), s.acc.end(), st + 2 * G);
+        continue;
+      }
       q_t* ob = out + (b * H + h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
         const float sum = hsum(s.lsum[g]);
@@ -256,6 +347,7 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       }
     }
   });
+  if (parts > 0) merge_parts<q_t, kv_t>(tasks, part_state.data(), part_floats, out, H, G, D);
 }
 
 

@@ -313,3 +313,66 @@ def test_bf16_paths_fused_write_equals_set_kv(path):
     out = module.paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, 0, k, v, loc)
     assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+# --- long requests: split into chunks of positions, merged (decode_attention.cpp) -------
+
+SPLIT = 256  # kSplitPositions
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,kvh,d", [(9, 3, 64), (4, 1, 256), (8, 2, 128), (6, 6, 32)])
+def test_long_requests_split_match_reference(dtype, tol, heads, kvh, d):
+    """Lengths at and past the split (one chunk, a chunk and one position, several chunks
+    and a remainder) beside a short one, also under a sliding window that cuts a long
+    request to a split of its own."""
+    lens = torch.tensor([SPLIT - 1, SPLIT, SPLIT + 1, 3 * SPLIT + 77, 5])
+    q, k_buf, v_buf, r2t, rows, _ = _case(5, heads, kvh, d, dtype, int(lens.max()), seed=d)
+    for window in (0, SPLIT + 30):
+        out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, window)
+        ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5, window)
+        torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rising", [True, False])
+def test_split_merge_rescales(rising):
+    """Scores rising (or falling) steeply over 3 chunks: each chunk's max differs, so the
+    merge's rescaling of the chunks' sums decides the result."""
+    d, n = 64, 3 * SPLIT - 10
+    q, k_buf, v_buf, r2t, rows, lens = _case(1, 4, 2, d, torch.float32, n, seed=12)
+    lens = torch.tensor([n])
+    ramp = torch.linspace(-1, 1, n) if rising else torch.linspace(1, -1, n)
+    slots = r2t[rows[0], :n].long()
+    k_buf[slots] = ramp.view(n, 1, 1) * q[0, ::2].view(1, 2, d) * 0.6
+    out = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    ref = _reference(q, k_buf, v_buf, r2t, rows, lens, d ** -0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_split_rows_equal_alone_and_in_a_batch():
+    """The split depends on a request's length alone: each row's output is the same bit
+    for bit computed alone or beside others (a verify's rows equal their decode steps)."""
+    lens = torch.tensor([2 * SPLIT + 3, 40, SPLIT + 1, 700])
+    q, k_buf, v_buf, r2t, rows, _ = _case(4, 9, 3, 64, torch.float32, 700, seed=13)
+    whole = paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, 0.125)
+    for i in range(4):
+        alone = paged_decode_attention(q[i:i + 1], k_buf, v_buf, r2t, rows[i:i + 1],
+                                       lens[i:i + 1], 0.125)
+        assert torch.equal(alone, whole[i:i + 1])
+
+
+def test_split_fused_write_equals_set_kv_then_attention():
+    """The step's own K/V row (position L - 1, in the last chunk) is written before that
+    chunk reads it, and only there."""
+    b, heads, kvh, d = 3, 6, 2, 64
+    q, k_buf, v_buf, r2t, rows, _ = _case(b, heads, kvh, d, torch.float32, 600, seed=14)
+    lens = torch.tensor([600, SPLIT + 1, 9])
+    loc = torch.stack([r2t[rows[i], lens[i] - 1] for i in range(b)]).long()
+    g = torch.Generator().manual_seed(15)
+    k, v = torch.randn(b, kvh, d, generator=g), torch.randn(b, kvh, d, generator=g)
+    k_ref, v_ref = k_buf.clone(), v_buf.clone()
+    k_ref[loc], v_ref[loc] = k, v
+    ref = paged_decode_attention(q, k_ref, v_ref, r2t, rows, lens, 0.125)
+    out = decode_attention_with_kv_write(q, k, v, k_buf, v_buf, loc, r2t, rows, lens, 0.125)
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
