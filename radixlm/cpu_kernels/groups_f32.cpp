@@ -14,8 +14,9 @@
 // Weight layout (packed at load by models/linear/groups_f32.py): output channels in
 // blocks of 8; per block the K columns in order, 8 channels a column: int4 as words of 8
 // int32 lanes (lane j = channel 8 b + j, column 8 w + t in bits 4 t .. 4 t + 3), int8 as
-// 8 bytes a column. A column's 8 channels become one register of floats (int4: a shift, a
-// mask and a conversion of the word's register; int8: a widening load and a conversion),
+// 8 bytes a column. A column's 8 channels become one register of floats (int4: a mask in
+// place and a conversion of the word's register, q * 16^t, against x pre-scaled by 16^-t:
+// the same products; int8: a widening load and a conversion),
 // multiplied by the broadcast x[i, k] into 8 float sums: no horizontal reduction, and
 // each column unpacked serves every row of x (4 at a time). Scales (d, m; s):
 // [blocks, groups, 8], float16 (exact GGUF halves) or float32.
@@ -78,11 +79,25 @@ struct Q4 {
   static Word load(const uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
+  // Column t as q * 16^t, the nibble masked in place (no shift; the top one shifted down
+  // by 4 to stay positive: q * 16^6 for t = 7): exact in float32. x comes scaled by the
+  // inverse power of two (`scale_columns`), so each product is q * x bit for bit.
   static __m256 column(const Word& v, int t) {
-    return _mm256_cvtepi32_ps(
-        _mm256_and_si256(_mm256_srli_epi32(v, 4 * t), _mm256_set1_epi32(15)));
+    if (t == 7)
+      return _mm256_cvtepi32_ps(
+          _mm256_and_si256(_mm256_srli_epi32(v, 4), _mm256_set1_epi32(15 << 24)));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15 << (4 * t))));
   }
 };
+
+// x for Q4's columns: column k times 16^-(k % 8) (16^-6 for k % 8 = 7), exact for x in
+// float32's normal range (powers of two; a value that would fall below it is rounded).
+void scale_columns(const float* x, int64_t n, float* out) {
+  const __m256 f = _mm256_setr_ps(1.f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f,
+                                  0x1p-24f, 0x1p-24f);
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+}
 
 // 8-bit columns: a word of 8 columns is 64 bytes, read a column (8 bytes) at a time.
 struct Q8 {
@@ -384,9 +399,10 @@ torch::Tensor int4_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
   const int64_t M = x.size(0), K = x.size(1), ng = K / 32;
   auto y = torch::empty({M, n}, x.options());
 #if RADIXLM_GROUPS_F32
-  std::vector<float> s(M * ng);
+  std::vector<float> s(M * ng), xs(M * K);
   group_sums(x.data_ptr<float>(), M, K, s.data());
-  const Call c{x.data_ptr<float>(), s.data(), static_cast<const uint8_t*>(w.data_ptr()),
+  scale_columns(x.data_ptr<float>(), M * K, xs.data());
+  const Call c{xs.data(), s.data(), static_cast<const uint8_t*>(w.data_ptr()),
                y.data_ptr<float>(), K, ng, n};
   run_scales<Q4, 4>(c, M, d, m);
 #endif
