@@ -131,11 +131,16 @@ struct BlockTask {
   int64_t b, h, l0, l1, part;
 };
 
-// Every task of a call, in (request, KV head, chunk) order; *parts: the chunks kept.
+// A split (request, KV head): its chunks' states are parts [part0, part0 + count).
+struct BlockSplit {
+  int64_t b, h, part0, count;
+};
+
+// Every task of a call, in (request, KV head, chunk) order, and the splits among them.
 inline std::vector<BlockTask> block_tasks(const int64_t* lens, int64_t B, int64_t KVH,
-                                          int64_t window, int64_t* parts) {
+                                          int64_t window, std::vector<BlockSplit>* splits) {
   std::vector<BlockTask> tasks;
-  *parts = 0;
+  int64_t parts = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
     const int64_t L = lens[b] - first;
@@ -144,8 +149,9 @@ inline std::vector<BlockTask> block_tasks(const int64_t* lens, int64_t B, int64_
         tasks.push_back({b, h, 0, L, -1});
         continue;
       }
+      splits->push_back({b, h, parts, (L + kSplitPositions - 1) / kSplitPositions});
       for (int64_t l0 = 0; l0 < L; l0 += kSplitPositions)
-        tasks.push_back({b, h, l0, std::min(L, l0 + kSplitPositions), (*parts)++});
+        tasks.push_back({b, h, l0, std::min(L, l0 + kSplitPositions), parts++});
     }
   }
   return tasks;
@@ -154,34 +160,25 @@ inline std::vector<BlockTask> block_tasks(const int64_t* lens, int64_t B, int64_
 // The split (request, KV head)s' outputs: their chunks' states merged in chunk order, each
 // rescaled to the largest max (the online softmax's step, once per chunk).
 template <typename q_t, typename kv_t>
-void merge_parts(const std::vector<BlockTask>& tasks, const float* state, int64_t part_floats,
-                 q_t* out, int64_t H, int64_t G, int64_t D) {
-  std::vector<int64_t> firsts;  // the first task of each split (request, KV head)
-  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i)
-    if (tasks[i].part >= 0 && (i == 0 || tasks[i - 1].part < 0 || tasks[i - 1].b != tasks[i].b
-                               || tasks[i - 1].h != tasks[i].h))
-      firsts.push_back(i);
-  at::parallel_for(0, static_cast<int64_t>(firsts.size()), 1, [&](int64_t begin, int64_t end) {
+void merge_parts(const std::vector<BlockSplit>& splits, const float* state,
+                 int64_t part_floats, q_t* out, int64_t H, int64_t G, int64_t D) {
+  at::parallel_for(0, static_cast<int64_t>(splits.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(D);
     for (int64_t f = begin; f < end; ++f) {
-      const int64_t i0 = firsts[f];
-      const BlockTask& t0 = tasks[i0];
-      int64_t i1 = i0;
-      while (i1 < static_cast<int64_t>(tasks.size()) && tasks[i1].part >= 0 &&
-             tasks[i1].b == t0.b && tasks[i1].h == t0.h)
-        ++i1;
-      q_t* ob = out + (t0.b * H + t0.h * G) * D;
+      const BlockSplit& sp = splits[f];
+      const float* first = state + sp.part0 * part_floats;
+      q_t* ob = out + (sp.b * H + sp.h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
         float m = -INFINITY;
-        for (int64_t i = i0; i < i1; ++i) m = std::max(m, state[tasks[i].part * part_floats + g]);
+        for (int64_t c = 0; c < sp.count; ++c) m = std::max(m, first[c * part_floats + g]);
         float sum = 0.f;
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* st = state + tasks[i].part * part_floats;
-          const float c = exp_approx(st[g] - m);
-          sum += st[G + g] * c;
+        for (int64_t c = 0; c < sp.count; ++c) {
+          const float* st = first + c * part_floats;
+          const float w = exp_approx(st[g] - m);
+          sum += st[G + g] * w;
           const float* a = st + 2 * G + g * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += a[d] * c;
+          for (int64_t d = 0; d < D; ++d) acc[d] += a[d] * w;
         }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         for (int64_t d = 0; d < D; ++d)
@@ -213,10 +210,11 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
   const vf order = transpose_order();
   int order_i[kLanes];
   for (int k = 0; k < kLanes; ++k) order_i[k] = static_cast<int>(order[k]);
-  int64_t parts;
-  const std::vector<BlockTask> tasks = block_tasks(lens, B, KVH, window, &parts);
+  std::vector<BlockSplit> splits;
+  const std::vector<BlockTask> tasks = block_tasks(lens, B, KVH, window, &splits);
   // A split chunk's state: per head its max, its sum of probabilities, its G x D sums.
   const int64_t part_floats = G * (D + 2);
+  const int64_t parts = splits.empty() ? 0 : splits.back().part0 + splits.back().count;
   std::vector<float> part_state(parts * part_floats);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch<kv_t> s(G, D);
@@ -347,7 +345,8 @@ void decode_blocks(const q_t* q, kv_t* kb, kv_t* vb, const int32_t* r2t, int64_t
       }
     }
   });
-  if (parts > 0) merge_parts<q_t, kv_t>(tasks, part_state.data(), part_floats, out, H, G, D);
+  if (!splits.empty())
+    merge_parts<q_t, kv_t>(splits, part_state.data(), part_floats, out, H, G, D);
 }
 
 

@@ -47,7 +47,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #if !defined(RADIXLM_GROUPS_F32)
@@ -367,11 +366,13 @@ void check_x(const torch::Tensor& x, int64_t group) {
   TORCH_CHECK(x.size(1) % group == 0, "groups_f32: K a multiple of the group");
 }
 
-void check_scales(const torch::Tensor& d, int64_t nb, int64_t ng, const char* what) {
+// `what`: the entry, `which`: the argument (the message is formed on failure only).
+void check_scales(const torch::Tensor& d, int64_t nb, int64_t ng, const char* what,
+                  const char* which) {
   TORCH_CHECK((d.scalar_type() == torch::kHalf || d.scalar_type() == torch::kFloat) &&
                   d.is_contiguous() && d.dim() == 3 && d.size(0) == nb && d.size(1) == ng &&
                   d.size(2) == kBlockN,
-              what, " [blocks, groups, 8] float16 or float32 contiguous");
+              what, ": ", which, " [blocks, groups, 8] float16 or float32 contiguous");
 }
 
 void check_w(const torch::Tensor& w, int64_t nb, int64_t bytes_per_block) {
@@ -382,12 +383,12 @@ void check_w(const torch::Tensor& w, int64_t nb, int64_t bytes_per_block) {
 
 // The two int4 entries' arguments (`what`: the entry, for the messages).
 void check_int4(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& d,
-                const torch::Tensor& m, int64_t n, const std::string& what) {
+                const torch::Tensor& m, int64_t n, const char* what) {
   check_x(x, 32);
   const int64_t K = x.size(1), nb = (n + kBlockN - 1) / kBlockN;
   check_w(w, nb, K * 4);
-  check_scales(d, nb, K / 32, (what + ": d").c_str());
-  check_scales(m, nb, K / 32, (what + ": m").c_str());
+  check_scales(d, nb, K / 32, what, "d");
+  check_scales(m, nb, K / 32, what, "m");
   TORCH_CHECK(d.scalar_type() == m.scalar_type(), what, ": d, m of one dtype");
 }
 
@@ -434,7 +435,7 @@ torch::Tensor int8_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor s,
   check_x(x, group);
   const int64_t M = x.size(0), K = x.size(1), ng = K / group, nb = (n + kBlockN - 1) / kBlockN;
   check_w(w, nb, K * 8);
-  check_scales(s, nb, ng, "int8_f32_matmul: s");
+  check_scales(s, nb, ng, "int8_f32_matmul", "s");
   auto y = torch::empty({M, n}, x.options());
 #if RADIXLM_GROUPS_F32
   const Call c{x.data_ptr<float>(), nullptr, static_cast<const uint8_t*>(w.data_ptr()),
