@@ -2,8 +2,10 @@
 
 Compiled with torch's extension builder (g++ and ninja) for the machine it runs on
 (-march=native), into `cache_root()/cpu_kernels/<name>-<hash>`; the hash covers the
-source, torch's version, the compiler flags and the CPU's flags, so a second start loads
-the built library in well under a second and a different CPU builds its own. Any failure
+source, torch's version, the compiler flags, the CPU's flags and the toolchain's paths
+(torch's and Python's headers and libraries, $CXX), so a second start loads the built
+library in well under a second, a different CPU builds its own, and two environments
+(venvs) sharing the cache each keep theirs instead of rebuilding over each other's. Any failure
 (no compiler, no ninja) is logged once and answered with None: the callers fall back to
 their torch code. A build about to run is announced first, with the time the last build of
 that kernel took here; several missing kernels build in parallel, one process each.
@@ -20,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from types import ModuleType
@@ -45,7 +48,20 @@ def _build_key(source: Path, extra_cflags: tuple[str, ...] = ()) -> str:
     h.update(torch.__version__.encode())
     h.update(" ".join((*CFLAGS, *extra_cflags)).encode())
     h.update(cpu_features.machine_key().encode())
+    h.update(_toolchain_key().encode())
     return h.hexdigest()[:16]
+
+
+def _toolchain_key() -> str:
+    """What torch's builder writes into the build's ninja file besides the flags: the
+    include and library paths of this torch and Python, and the compiler. Two venvs have
+    different ones; under one key each build's ninja file would differ from the last, and
+    ninja would recompile every kernel (silently: the library exists) at every switch."""
+    from torch.utils import cpp_extension
+
+    python_include = sysconfig.get_path("include", scheme="posix_prefix") or ""
+    return "|".join([*cpp_extension.include_paths("cpu"), *cpp_extension.library_paths("cpu"),
+                     python_include, os.environ.get("CXX", "c++")])
 
 
 def _stage(source: Path, build_dir: Path) -> Path:

@@ -1,6 +1,7 @@
 """The kernel builder says what it builds before it builds, records how long it took,
-finds the build done the second time (also from a second checkout), and is not blocked by
-a killed build's lock (a C++ source on Python's C API alone, ~1 s to build)."""
+finds the build done the second time (also from a second checkout; another environment
+keeps its own), and is not blocked by a killed build's lock (a C++ source on Python's C
+API alone, ~1 s to build)."""
 
 from __future__ import annotations
 
@@ -185,10 +186,10 @@ def test_a_killed_build_does_not_block_later_builds(tmp_path, monkeypatch):
 
 
 def test_a_second_checkout_reuses_the_build(tmp_path, monkeypatch):
-    """Two checkouts of the same sources (two venvs, a worktree) share one build: the
-    sources are staged into the build directory, so ninja sees the same paths and does not
-    recompile (it used to, for every other checkout, and under load that pushed server
-    start-ups past their timeouts)."""
+    """Two checkouts of the same sources in one environment (a clone, a worktree) share one
+    build: the sources are staged into the build directory, so ninja sees the same paths
+    and does not recompile (it used to, for every other checkout, and under load that
+    pushed server start-ups past their timeouts)."""
     import textwrap
 
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
@@ -213,3 +214,40 @@ def test_a_second_checkout_reuses_the_build(tmp_path, monkeypatch):
 
     first = build_from(sources[0])
     assert build_from(sources[1]) == first  # the .so was not rebuilt
+
+
+def test_two_environments_keep_their_own_builds(tmp_path, monkeypatch):
+    """Two environments sharing the cache (two venvs: another torch's and Python's header
+    paths in the builder's ninja file) each build once and keep their build: switching
+    back and forth rebuilds nothing. Under one key for both, each switch recompiled every
+    kernel, silently (the library existed, so no build was announced)."""
+    import textwrap
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "tiny.cpp"
+    source.write_text(TINY)
+    other = tmp_path / "other-torch" / "include"
+    other.mkdir(parents=True)
+
+    def build_in(environment: str) -> tuple[str, int]:
+        code = textwrap.dedent(f"""
+            from pathlib import Path
+            from torch.utils import cpp_extension
+            from radixlm.cpu_kernels import build
+            if {environment == "other"!r}:  # another venv: its torch's headers elsewhere
+                paths = cpp_extension.include_paths
+                cpp_extension.include_paths = lambda *a, **k: [{str(other)!r}, *paths(*a, **k)]
+            m = build.build_extension("tiny", Path({str(source)!r}))
+            assert m.two() == 2
+            print(m.__file__, Path(m.__file__).stat().st_mtime_ns)
+        """)
+        out = subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                             capture_output=True, text=True)
+        path, mtime = out.stdout.split()[-2:]
+        return path, int(mtime)
+
+    first = build_in("this")
+    second = build_in("other")
+    assert second[0] != first[0]  # its own library
+    assert build_in("this") == first  # this environment's build was not redone
+    assert build_in("other") == second
