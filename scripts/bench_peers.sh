@@ -14,6 +14,8 @@
 # ../shared/peers/setup_vllm_cpu.sh .peers (its model dir is the default GGUF in bf16);
 # for Gemma, `python scripts/gguf_to_hf.py GEMMA.gguf .peers/gemma3-270m-hf` (in the vLLM
 # venv). A peer that is not set up is skipped with a line that says so.
+# VLLM_ARGS: more `vllm serve` flags (e.g. "--dtype float32": its start script asks for
+# bfloat16, the checkpoint's dtype, which an AVX2-only CPU emulates).
 # QUIET=0.5 waits before each run until the load average is below 0.5 (scripts/quiet.sh).
 # Results: JSON lines appended to $OUT (default bench_out/peers.jsonl).
 set -euo pipefail
@@ -42,10 +44,11 @@ vllm_run() {  # $1 = HF model dir, $2 = one concurrency; model_args: the same pr
   fi
   # A fresh vLLM per concurrency: its prefix cache (on by default, no reset endpoint
   # outside its dev mode) would otherwise serve the repeated prompts of the next run.
-  echo "== vLLM CPU on $1, concurrency $2"
+  echo "== vLLM CPU on $1, concurrency $2${VLLM_ARGS:+ ($VLLM_ARGS)}"
   quiet
+  # shellcheck disable=SC2086
   PEERS_DIR="$PEERS_DIR" VLLM_MODEL_DIR="$1" setsid ../shared/peers/start_vllm_cpu.sh \
-    "$VLLM_PORT" --served-model-name peer > bench_out/vllm_server.log 2>&1 &
+    "$VLLM_PORT" --served-model-name peer ${VLLM_ARGS:-} > bench_out/vllm_server.log 2>&1 &
   local pid=$!
   for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$VLLM_PORT/health" >/dev/null && break
