@@ -723,6 +723,16 @@ torch::Tensor bf16_tiles_q8_gated(torch::Tensor x, torch::Tensor q, torch::Tenso
   return gated_of(x, q8_weight(q, s, group), H, gelu);
 }
 
+#if RADIXLM_TORCH_OPS
+// The entries as torch ops for compiled decode graphs (schemas: models/linear/*.py).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("bf16_tiles_matmul", &bf16_tiles_matmul);
+  m.impl("int4_tiles_matmul", &bf16_tiles_q4_matmul);
+  m.impl("q5_tiles_matmul", &bf16_tiles_q5_matmul);
+  m.impl("int8_tiles_matmul", &bf16_tiles_q8_matmul);
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("bf16_tiles_matmul", &bf16_tiles_matmul,
         "x [M, K] bf16 @ W.T (+ bias [N]) -> [M, N] bf16, W packed as AMX B tiles (see the "

@@ -41,6 +41,13 @@ CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno
           "-fassociative-math", "-ffp-contract=fast")
 
 
+# The build `load_kernel` loads registers the kernel's entries as torch ops where its source
+# does (`TORCH_LIBRARY_IMPL` under RADIXLM_TORCH_OPS: compiled graphs call them without a
+# Python hop). Other builds of a source (tests' narrower-ISA variants, benchmarks' old
+# versions) load beside it in one process without taking its ops over.
+MAIN_CFLAGS = ("-DRADIXLM_TORCH_OPS=1",)
+
+
 def _build_key(source: Path, extra_cflags: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256(source.read_bytes())
     for header in sorted(source.parent.glob("*.h")):  # what the sources may include
@@ -88,7 +95,7 @@ def load_kernel(name: str) -> ModuleType | None:
     """The extension built from `<name>.cpp` next to this file, or None (logged)."""
     if _disabled(name):
         return None
-    return build_extension(name, _source(name))
+    return build_extension(name, _source(name), MAIN_CFLAGS)
 
 
 # A first build's duration where none was recorded on this machine (g++ -O3 on one
@@ -111,8 +118,8 @@ def _source(name: str) -> Path:
 def is_built(name: str) -> bool:
     """Whether `name`'s library for this source, torch, flags and CPU is in the cache."""
     source = _source(name)
-    build_dir = _build_dir(name, source)
-    return (build_dir / f"radixlm_{name}_{_build_key(source)}.so").exists()
+    build_dir = _build_dir(name, source, MAIN_CFLAGS)
+    return (build_dir / f"radixlm_{name}_{_build_key(source, MAIN_CFLAGS)}.so").exists()
 
 
 def expected_build_seconds(name: str) -> float:

@@ -550,6 +550,22 @@ int64_t decode_attention_path() {
   return RADIXLM_DECODE_DPBF16;
 }
 
+#if RADIXLM_TORCH_OPS
+// radixlm::paged_decode_attention (schema and shape for tracing: cpu_kernels/ops.py), the
+// compiled decode graphs' attention: no KV write fused (the graph writes K/V itself), and
+// no Python between the graph's dispatcher and this function.
+torch::Tensor paged_decode_attention_op(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
+                                        torch::Tensor req_to_token, torch::Tensor rows,
+                                        torch::Tensor lens, double scale, int64_t window) {
+  return paged_decode_attention(q, k_buf, v_buf, req_to_token, rows, lens, scale, window,
+                                c10::nullopt, c10::nullopt, c10::nullopt, false);
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention_op);
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention_path", &decode_attention_path,
         "bf16 queries and KV (head_dim 64, 128) in groups of 3 or 4: 2 the AMX kernel, "

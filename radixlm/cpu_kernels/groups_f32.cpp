@@ -450,6 +450,17 @@ torch::Tensor int8_f32_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor s,
 
 int64_t groups_f32_path() { return RADIXLM_GROUPS_F32; }
 
+#if RADIXLM_TORCH_OPS
+// The entries as the torch ops radixlm::int4_f32_matmul, ... (schemas and shapes for
+// tracing: models/linear/groups_f32.py): a compiled decode graph's dispatcher reaches these
+// functions directly, with no Python between (a Python op costs ~10 us a call).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("int4_f32_matmul", &int4_f32_matmul);
+  m.impl("int4_f32_q8_matmul", &int4_f32_q8_matmul);
+  m.impl("int8_f32_matmul", &int8_f32_matmul);
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_f32_matmul", &int4_f32_matmul,
         "x [M, K] float32 @ (d * q + m per group of 32).T -> [M, n] float32, x unquantized "

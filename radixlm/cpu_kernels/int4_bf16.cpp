@@ -304,6 +304,11 @@ torch::Tensor int4_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d
   return y;
 }
 
+#if RADIXLM_TORCH_OPS
+// The entry as a torch op for compiled decode graphs (schema: models/linear/int4.py).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("int4_bf16_matmul", &int4_bf16_matmul); }
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("int4_bf16_matmul", &int4_bf16_matmul,
         "x [M, K] bf16/f32 @ (d * q + m per group of 32).T -> [M, N] in x's dtype; x "

@@ -441,6 +441,11 @@ torch::Tensor int4_group_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor 
 
 int64_t int4_kernel_path() { return RADIXLM_INT4_PATH; }
 
+#if RADIXLM_TORCH_OPS
+// The entry as a torch op for compiled decode graphs (schema: models/linear/int4.py).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("int4_group_matmul", &int4_group_matmul); }
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_group_matmul", &int4_group_matmul,
         "x [M, K] bf16/f32 @ (d * q + m per group of 32).T -> [M, N] in x's dtype; "

@@ -284,6 +284,11 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t G) {
   return {a, d};
 }
 
+#if RADIXLM_TORCH_OPS
+// The entry as a torch op for compiled decode graphs (schema: models/linear/int8_groups.py).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("int8_group_matmul", &int8_group_matmul); }
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_group_matmul", &int8_group_matmul,
         "x [M, K] f32/bf16 (quantized per group of G to int8) @ (q [N, K] int8 * s [N, K/G] "

@@ -1,7 +1,7 @@
-"""The CPU kernels for callers: decode attention as a torch custom op
-(`radixlm::paged_decode_attention`, traceable by torch.compile: it has a fake
-implementation giving its output's shape) and, eagerly, with the pool's KV write fused
-in; RMSNorm (with the residual add), RoPE and SiLU * up for the eager forward only (under
+"""The CPU kernels for callers: decode attention as a torch op
+(`radixlm::paged_decode_attention`, implemented by the kernel's library, traceable by
+torch.compile: a fake implementation here gives its output's shape) and, eagerly, with
+the pool's KV write fused in; RMSNorm (with the residual add), RoPE and SiLU * up for the eager forward only (under
 torch.compile inductor fuses the torch versions itself); the sampler's argmax and draw.
 
 Each `*_available()` / `eager_kernels()` says whether the kernel built on this machine;
@@ -15,6 +15,7 @@ from types import ModuleType
 import torch
 
 from radixlm.cpu_kernels.build import load_kernel
+from radixlm.cpu_kernels.kernel_ops import kernel_op
 
 
 def decode_attention_available() -> bool:
@@ -37,22 +38,25 @@ def decode_attention_with_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         kv_first)
 
 
-@torch.library.custom_op("radixlm::paged_decode_attention", mutates_args=(), device_types="cpu")
+@kernel_op("paged_decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
+           "Tensor req_pool_indices, Tensor seq_lens, float scale, int window=0) -> Tensor")
+def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window=0):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
     """Attention of each request's one query token q [B, H, D] over its first seq_lens[b]
     positions (the last `window` of them; 0 = all), K/V read in place from one pool layer
     [S + 1, KVH, D] through req_to_token[req_pool_indices[b]] (int32); returns [B, H, D]
-    in q's dtype. Compiled decode graphs hold this op (the KV write stays a separate
-    index_put there, which inductor generates itself)."""
-    return load_kernel("decode_attention").paged_decode_attention(
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window)
-
-
-@paged_decode_attention.register_fake
-def _(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale, window=0):
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    in q's dtype. The op compiled decode graphs hold (the KV write stays a separate
+    index_put there, which inductor generates itself). Eagerly the kernel loads first
+    (its library implements the op); a traced graph's caller has loaded it."""
+    if not torch.compiler.is_compiling():
+        load_kernel("decode_attention")
+    return torch.ops.radixlm.paged_decode_attention(q, k_buf, v_buf, req_to_token,
+                                                    req_pool_indices, seq_lens, scale, window)
 
 
 def sampling_kernel() -> ModuleType | None:

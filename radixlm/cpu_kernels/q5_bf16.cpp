@@ -167,6 +167,11 @@ torch::Tensor q5_bf16_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d, 
   return y;
 }
 
+#if RADIXLM_TORCH_OPS
+// The entry as a torch op for compiled decode graphs (schema: models/linear/q5_bf16.py).
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("q5_bf16_matmul", &q5_bf16_matmul); }
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("q5_bf16_matmul", &q5_bf16_matmul,
         "x [M, K] bf16/f32 @ (d * (q - 16) per group of 32).T -> [M, N] in x's dtype; x "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.cpu_kernels.kernel_ops import kernel_op
 from radixlm.models.linear.method import LinearMethod
 
 BLOCK_N = 16  # output channels per B tile
@@ -59,14 +60,8 @@ def unpack_tiles(tiles: torch.Tensor, n: int) -> torch.Tensor:
     return w.reshape(nb * BLOCK_N, ng * GROUP_K)[:n].contiguous()
 
 
-@torch.library.custom_op("radixlm::bf16_tiles_matmul", mutates_args=(), device_types="cpu")
-def bf16_tiles_matmul(x: torch.Tensor, tiles: torch.Tensor, n: int,
-                      bias: torch.Tensor | None) -> torch.Tensor:
-    """The bf16_tiles kernel as an op compiled decode graphs can hold."""
-    return bf16_tiles_kernel().bf16_tiles_matmul(x, tiles, n, bias)
-
-
-@bf16_tiles_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by bf16_tiles.cpp).
+@kernel_op("bf16_tiles_matmul(Tensor x, Tensor tiles, int n, Tensor? bias) -> Tensor")
 def _(x, tiles, n, bias):
     return x.new_empty(x.shape[0], n)
 

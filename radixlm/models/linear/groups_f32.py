@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.cpu_kernels.kernel_ops import kernel_op
+
 BLOCK_N = 8
 
 
@@ -33,39 +35,18 @@ def groups_f32_usable() -> bool:
     return groups_f32_kernel() is not None
 
 
-@torch.library.custom_op("radixlm::int4_f32_matmul", mutates_args=(), device_types="cpu")
-def int4_f32_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                    n: int) -> torch.Tensor:
-    """int4_f32_matmul as an op compiled decode graphs can hold."""
-    return groups_f32_kernel().int4_f32_matmul(x, w, d, m, n)
-
-
-@int4_f32_matmul.register_fake
+# The entries as torch ops for compiled decode graphs (implemented by groups_f32.cpp).
+@kernel_op("int4_f32_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n) -> Tensor")
 def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 
 
-@torch.library.custom_op("radixlm::int4_f32_q8_matmul", mutates_args=(), device_types="cpu")
-def int4_f32_q8_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                       n: int) -> torch.Tensor:
-    """int4_f32_q8_matmul (x quantized to int8 per group of 32) as an op compiled decode
-    graphs can hold."""
-    return groups_f32_kernel().int4_f32_q8_matmul(x, w, d, m, n)
-
-
-@int4_f32_q8_matmul.register_fake
+@kernel_op("int4_f32_q8_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n) -> Tensor")
 def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 
 
-@torch.library.custom_op("radixlm::int8_f32_matmul", mutates_args=(), device_types="cpu")
-def int8_f32_matmul(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, group: int,
-                    n: int) -> torch.Tensor:
-    """int8_f32_matmul as an op compiled decode graphs can hold."""
-    return groups_f32_kernel().int8_f32_matmul(x, w, s, group, n)
-
-
-@int8_f32_matmul.register_fake
+@kernel_op("int8_f32_matmul(Tensor x, Tensor w, Tensor s, int group, int n) -> Tensor")
 def _(x, w, s, group, n):
     return x.new_empty(x.shape[0], n)
 

@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from radixlm.cpu_kernels.kernel_ops import kernel_op
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.groups_f32 import (block_scales_f32, groups_f32_kernel,
                                               pack_int4_f32, unblock_scales_f32,
@@ -42,15 +43,8 @@ def int4_blocks_kernel():
     return load_kernel("int4_groups")
 
 
-@torch.library.custom_op("radixlm::int4_group_matmul", mutates_args=(), device_types="cpu")
-def int4_group_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor,
-                      m: torch.Tensor) -> torch.Tensor:
-    """The int4_groups kernel as an op compiled decode graphs can hold (eager calls go to
-    the kernel straight: no op dispatch)."""
-    return int4_blocks_kernel().int4_group_matmul(x, w, d, m)
-
-
-@int4_group_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by int4_groups.cpp).
+@kernel_op("int4_group_matmul(Tensor x, Tensor w, Tensor d, Tensor m) -> Tensor")
 def _(x, w, d, m):
     return x.new_empty(x.shape[0], w.shape[0])
 
@@ -78,26 +72,15 @@ def int4_bf16_kernel_usable() -> bool:
     return int4_bf16_kernel() is not None
 
 
-@torch.library.custom_op("radixlm::int4_bf16_matmul", mutates_args=(), device_types="cpu")
-def int4_bf16_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                     n: int) -> torch.Tensor:
-    """The int4_bf16 kernel as an op compiled decode graphs can hold."""
-    return int4_bf16_kernel().int4_bf16_matmul(x, w, d, m, n)
-
-
-@int4_bf16_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by int4_bf16.cpp).
+@kernel_op("int4_bf16_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n) -> Tensor")
 def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
 
 
-@torch.library.custom_op("radixlm::int4_tiles_matmul", mutates_args=(), device_types="cpu")
-def int4_tiles_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                      n: int, bias: torch.Tensor | None, exact_c: bool) -> torch.Tensor:
-    """bf16_tiles_q4_matmul (4-bit groups on AMX tiles) as an op compiled graphs can hold."""
-    return bf16_tiles_kernel().bf16_tiles_q4_matmul(x, w, d, m, n, bias, exact_c)
-
-
-@int4_tiles_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by bf16_tiles.cpp).
+@kernel_op("int4_tiles_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n, Tensor? bias, "
+           "bool exact_c) -> Tensor")
 def _(x, w, d, m, n, bias, exact_c):
     return x.new_empty(x.shape[0], n)
 

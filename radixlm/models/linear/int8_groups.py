@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from radixlm.cpu_kernels.kernel_ops import kernel_op
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.groups_f32 import (block_scales_f32, groups_f32_kernel,
                                               int8_f32_rows, pack_int8_f32,
@@ -93,27 +94,15 @@ def int8_groups_kernel():
     return load_kernel("int8_groups")
 
 
-@torch.library.custom_op("radixlm::int8_group_matmul", mutates_args=(), device_types="cpu")
-def int8_group_matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor,
-                      group_size: int) -> torch.Tensor:
-    """The int8_groups kernel as an op compiled decode graphs can hold (eager calls go to
-    the kernel straight: no op dispatch). float32 [M, N]."""
-    return int8_groups_kernel().int8_group_matmul(x, q, s, group_size)
-
-
-@int8_group_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by int8_groups.cpp).
+@kernel_op("int8_group_matmul(Tensor x, Tensor q, Tensor s, int group_size) -> Tensor")
 def _(x, q, s, group_size):
     return x.new_empty(x.shape[0], q.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("radixlm::int8_tiles_matmul", mutates_args=(), device_types="cpu")
-def int8_tiles_matmul(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group_size: int,
-                      bias: torch.Tensor | None) -> torch.Tensor:
-    """bf16_tiles_q8_matmul (int8 groups on AMX tiles) as an op compiled graphs can hold."""
-    return bf16_tiles_kernel().bf16_tiles_q8_matmul(x, q, s, group_size, bias)
-
-
-@int8_tiles_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by bf16_tiles.cpp).
+@kernel_op("int8_tiles_matmul(Tensor x, Tensor q, Tensor s, int group_size, "
+           "Tensor? bias) -> Tensor")
 def _(x, q, s, group_size, bias):
     return x.new_empty(x.shape[0], q.shape[0])
 

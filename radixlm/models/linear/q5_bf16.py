@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.cpu_kernels.kernel_ops import kernel_op
 from radixlm.models.linear.bf16_tiles import bf16_tiles_kernel
 from radixlm.models.linear.int8_groups import Int8Groups
 from radixlm.models.linear.method import LinearMethod, SmallBatchQuantized
@@ -44,26 +45,14 @@ def fits_q5(groups: Int8Groups) -> bool:
     return int(lo) >= -16 and int(hi) <= 15 and torch.equal(s.half().float(), s)
 
 
-@torch.library.custom_op("radixlm::q5_bf16_matmul", mutates_args=(), device_types="cpu")
-def q5_bf16_matmul(x: torch.Tensor, w: torch.Tensor, d: torch.Tensor, n: int) -> torch.Tensor:
-    """The q5_bf16 kernel as an op compiled decode graphs can hold (eager calls go to the
-    kernel straight: no op dispatch)."""
-    return q5_bf16_kernel().q5_bf16_matmul(x, w, d, n)
-
-
-@q5_bf16_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by q5_bf16.cpp).
+@kernel_op("q5_bf16_matmul(Tensor x, Tensor w, Tensor d, int n) -> Tensor")
 def _(x, w, d, n):
     return x.new_empty(x.shape[0], n)
 
 
-@torch.library.custom_op("radixlm::q5_tiles_matmul", mutates_args=(), device_types="cpu")
-def q5_tiles_matmul(x: torch.Tensor, q5: torch.Tensor, d: torch.Tensor, n: int,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-    """bf16_tiles_q5_matmul (5-bit groups on AMX tiles) as an op compiled graphs can hold."""
-    return bf16_tiles_kernel().bf16_tiles_q5_matmul(x, q5, d, n, bias)
-
-
-@q5_tiles_matmul.register_fake
+# As a torch op for compiled decode graphs (implemented by bf16_tiles.cpp).
+@kernel_op("q5_tiles_matmul(Tensor x, Tensor q5, Tensor d, int n, Tensor? bias) -> Tensor")
 def _(x, q5, d, n, bias):
     return x.new_empty(x.shape[0], n)
 
