@@ -5,10 +5,12 @@ Compiled with torch's extension builder (g++ and ninja) for the machine it runs 
 source, torch's version, the compiler flags, the CPU's flags and the toolchain's paths
 (torch's and Python's headers and libraries, $CXX), so a second start loads the built
 library in well under a second, a different CPU builds its own, and two environments
-(venvs) sharing the cache each keep theirs instead of rebuilding over each other's. Any failure
-(no compiler, no ninja) is logged once and answered with None: the callers fall back to
-their torch code. A build about to run is announced first, with the time the last build of
-that kernel took here; several missing kernels build in parallel, one process each.
+(venvs) sharing the cache each keep theirs instead of rebuilding over each other's. The
+build `load_kernel` loads also registers the kernel's torch ops (`kernel_ops.py`). Any
+failure (no compiler, no ninja) is logged once and answered with None: the callers fall
+back to their torch code. A build about to run is announced first, with the time the last
+build of that kernel took here; several missing kernels build in parallel, one process
+each.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def _toolchain_key() -> str:
 
 def _stage(source: Path, build_dir: Path) -> Path:
     """The source and its headers copied into the build directory (same key, same bytes):
-    ninja's build file then names the same path whichever checkout or venv builds, so a
-    second checkout of the same sources finds the build done instead of redoing it."""
+    ninja's build file then names the same path whichever checkout builds, so a second
+    checkout of the same sources (one environment) finds the build done."""
     staged = build_dir / "src"
     staged.mkdir(exist_ok=True)
     for path in [source, *sorted(source.parent.glob("*.h"))]:
@@ -116,7 +118,8 @@ def _source(name: str) -> Path:
 
 
 def is_built(name: str) -> bool:
-    """Whether `name`'s library for this source, torch, flags and CPU is in the cache."""
+    """Whether `name`'s library for this source, torch, flags, CPU and toolchain is in the
+    cache."""
     source = _source(name)
     build_dir = _build_dir(name, source, MAIN_CFLAGS)
     return (build_dir / f"radixlm_{name}_{_build_key(source, MAIN_CFLAGS)}.so").exists()

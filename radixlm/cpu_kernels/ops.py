@@ -1,8 +1,9 @@
 """The CPU kernels for callers: decode attention as a torch op
 (`radixlm::paged_decode_attention`, implemented by the kernel's library, traceable by
 torch.compile: a fake implementation here gives its output's shape) and, eagerly, with
-the pool's KV write fused in; RMSNorm (with the residual add), RoPE and SiLU * up for the eager forward only (under
-torch.compile inductor fuses the torch versions itself); the sampler's argmax and draw.
+the pool's KV write fused in; RMSNorm (with the residual add), RoPE and SiLU * up for the
+eager forward only (under torch.compile inductor fuses the torch versions itself); the
+sampler's argmax and draw.
 
 Each `*_available()` / `eager_kernels()` says whether the kernel built on this machine;
 callers keep their torch code for when it did not.

@@ -1,7 +1,8 @@
 // The part of torch's C++ API the kernels of this folder use (at::Tensor, at::empty,
-// at::parallel_for, the pybind11 casters of tensors and optionals, op registration), included in place of
-// <torch/extension.h>: that header pulls in the whole C++ frontend (autograd, nn, optim,
-// jit), whose parsing was most of a kernel's build (~26 s of g++ user time of 30-45 s).
+// at::parallel_for, the pybind11 casters of tensors and optionals, op registration),
+// included in place of <torch/extension.h>: that header pulls in the whole C++ frontend
+// (autograd, nn, optim, jit), whose parsing was most of a kernel's build (~26 s of g++
+// user time of 30-45 s).
 // `torch::` names what it names under <torch/extension.h> (torch/types.h: `using
 // namespace at`), so the kernels' code is unchanged.
 #pragma once
