@@ -37,10 +37,6 @@ def groups_f32_usable() -> bool:
 
 # The entries as torch ops for compiled decode graphs (implemented by groups_f32.cpp).
 @kernel_op("int4_f32_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n) -> Tensor")
-def _(x, w, d, m, n):
-    return x.new_empty(x.shape[0], n)
-
-
 @kernel_op("int4_f32_q8_matmul(Tensor x, Tensor w, Tensor d, Tensor m, int n) -> Tensor")
 def _(x, w, d, m, n):
     return x.new_empty(x.shape[0], n)
