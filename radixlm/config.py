@@ -115,9 +115,10 @@ class ServerArgs:
     enable_torch_compile: bool = _opt(
         False, "CPU: compile the decode forward with torch.compile (inductor's C++ backend; "
         "needs g++) once per batch size up to --torch-compile-max-bs, padding batches to "
-        "the next size like CUDA graphs, paid for at start-up by compiling (20-45 s a size "
-        "on 2 cores). Compiled / eager 1.11-1.20x at batch 1, ~1.0x at 8 and 32 on an "
-        "AVX2 Zen 3 (scripts/bench_compile_ab.py); docs/tuning.md.")
+        "the next size like CUDA graphs, paid for at start-up by compiling (30-40 s a size "
+        "on 2 cores; ~7 s at a second start, from inductor's cache). Compiled / eager "
+        "~1.2x at batch 1, 1.0-1.1x at 8 and 32 on an AVX2 Zen 3 (scripts/bench_compile_ab.py); "
+        "docs/tuning.md.")
     torch_compile_max_bs: int = _opt(
         32, "Largest decode batch compiled with --enable-torch-compile (sizes 1, 2, 4, 8, "
         "12, 16, 24, ... up to it); larger batches and prefills run eagerly.")

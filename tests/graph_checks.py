@@ -12,7 +12,8 @@ def replay_matches_eager(runner, graphs, fb) -> torch.Tensor:
     another batch size) and touched no other real slot (padding wrote only slot 0).
     Returns the eager logits."""
     pool = runner.token_to_kv_pool
-    eager = runner.run_model(fb).clone()  # writes this step's K/V into its slots
+    with torch.inference_mode():
+        eager = runner.run_model(fb).clone()  # writes this step's K/V into its slots
     before = [b.clone() for b in pool.k_buffers + pool.v_buffers]
     replayed = graphs.replay(fb).clone()  # writes the same K/V again, plus slot 0
     after = [b.clone() for b in pool.k_buffers + pool.v_buffers]

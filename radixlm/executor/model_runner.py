@@ -234,9 +234,10 @@ class ModelRunner:
             return graphs.replay(fb)
         return self.run_model(fb)
 
-    @torch.inference_mode()
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
-        """The eager forward (also what the decode graphs capture)."""
+        """The eager forward (also what the decode graphs capture). Callers hold inference
+        mode (`forward`, the graph runner's capture): entering it here would put the
+        entry into the compiled graphs, which AOTAutograd's cache refuses."""
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
         return self.model(fb)

@@ -78,6 +78,37 @@ def test_no_recompile_while_batches_join_and_leave(compiled):
         runner.req_to_token_pool.free(row)
 
 
+def test_graph_goes_to_the_disk_cache_and_replays_without_dynamo(compiled, tiny_llama_dir):
+    """A graph's compile is one AOTAutograd's cache can store (a second start loads it
+    instead of tracing and lowering again: no inference-mode entry and no freezing in
+    it), unless oneDNN-prepacked weights need freezing (the fixture's dense layers); a
+    replay calls inductor's function on the captured tensors, so it runs on after
+    dynamo's caches are dropped, where a replay through dynamo would recompile."""
+    from torch._dynamo.utils import counters
+
+    _, prepacked = compiled
+    assert all(g.choice.freezing for g in prepacked.graphs.values())
+    args = ServerArgs(model=tiny_llama_dir, device="cpu", dtype="float32", max_total_tokens=256,
+                      max_running_requests=2, disable_weight_prepack=True)
+    runner = ModelRunner(args, tiny_llama_dir)
+    counters.clear()
+    graphs = runner.decode_graphs = DecodeGraphRunner(runner, [2], compiled_graph_factory(1),
+                                                      kind="test")
+    aot = counters["aot_autograd"]
+    assert aot["autograd_cache_bypass"] == 0
+    assert aot["autograd_cache_hit"] + aot["autograd_cache_miss"] == 1
+    assert not graphs.graphs[2].choice.freezing
+    torch._dynamo.reset()
+    h = PoolHarness.on_runner(runner)
+    rows = [h.new_request() for _ in range(2)]
+    last = runner.forward(h.batch(ForwardMode.EXTEND, rows, [[5, 6, 7], [8, 9]])).argmax(-1)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for _ in range(2):
+            fb = h.batch(ForwardMode.DECODE, rows, [[t] for t in last.tolist()])
+            last = replay_matches_eager(runner, graphs, fb).argmax(-1)
+    assert graphs.replays == 2
+
+
 def test_engine_with_torch_compile_matches_eager(tiny_llama_dir):
     """A whole serving run (staggered arrivals, requests finishing at different steps, so
     decode batches of every size, some above the largest compiled one) with
