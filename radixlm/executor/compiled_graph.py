@@ -36,7 +36,7 @@ def use_persistent_inductor_cache() -> str:
 _PREPACKED_NAMESPACES = ("mkldnn", "onednn")
 
 
-def reads_prepacked_weights(gm: torch.fx.GraphModule) -> bool:
+def _reads_prepacked_weights(gm: torch.fx.GraphModule) -> bool:
     """Does the graph call a oneDNN linear on a prepacked weight? Inductor lowers those
     only with the weights as constants: freezing, which AOTAutograd's cache refuses."""
     return any(isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
@@ -75,7 +75,7 @@ class CompiledGraph:
         if len(outputs) != 1:
             raise RuntimeError(f"a decode graph must return only the logits, not "
                                f"{len(outputs)} values")
-        if not self.choice.freezing and reads_prepacked_weights(gm):
+        if not self.choice.freezing and _reads_prepacked_weights(gm):
             raise _NeedsFreezing()
         self.compiled = compile_fx(gm, example_inputs)
         self.inputs = list(example_inputs)
