@@ -6,11 +6,13 @@ policy, request_router.py), power_of_two (Ray's default), prefix_cache_affinity 
 LLM's PrefixCacheAffinityRouter, for comparison). Each replica takes
 `num_cpus_per_replica` / `num_gpus_per_replica`; with `--nnodes N` (TP over Ray nodes) it
 reserves a placement group of N bundles of those, the replica in bundle 0, the other TP
-nodes' ranks in bundles 1..N-1 (tp_placement.py), spread over nodes.
+nodes' ranks in bundles 1..N-1 (tp_placement.py), spread over nodes. A CPU replica's
+engine computes with the CPUs it reserves (`engine_server_args`), not the whole node's.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ray import serve
@@ -41,6 +43,21 @@ def router_config(name: str, period_s: float) -> RequestRouterConfig | None:
                                request_routing_stats_timeout_s=max(5.0, period_s))
 
 
+def engine_server_args(ray_args: RayServeArgs, server_args: ServerArgs) -> ServerArgs:
+    """The ServerArgs each replica's engine starts with. Unless `--num-threads` is given,
+    a CPU replica's scheduler ranks share the CPUs Ray reserves for them (per node:
+    `num_cpus_per_replica` over its `tp_size / nnodes` ranks, at least one thread each),
+    as Ray sets OMP_NUM_THREADS for its own workers; an engine's default (one thread per
+    physical core of the node) would oversubscribe a node shared by replicas. GPU replicas
+    keep the default."""
+    if (server_args.num_threads is not None or ray_args.num_gpus_per_replica
+            or server_args.device == "cuda"):
+        return server_args
+    ranks = max(1, server_args.tp_size // max(1, server_args.nnodes))
+    threads = max(1, math.floor(ray_args.num_cpus_per_replica) // ranks)
+    return server_args.replace(num_threads=threads)
+
+
 def build_app(ray_args: RayServeArgs, server_args: ServerArgs) -> serve.Application:
     resources = {"CPU": ray_args.num_cpus_per_replica}
     if ray_args.num_gpus_per_replica:
@@ -61,7 +78,7 @@ def build_app(ray_args: RayServeArgs, server_args: ServerArgs) -> serve.Applicat
     if config is not None:
         options["request_router_config"] = config
     engine = serve.deployment(EngineReplica).options(**options).bind(
-        server_args, ray_args.engine_log_dir)
+        engine_server_args(ray_args, server_args), ray_args.engine_log_dir)
     ingress = serve.deployment(Ingress).options(
         num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
     return ingress.bind(engine)

@@ -15,7 +15,9 @@ REQUEST_ROUTERS = ["cache_aware", "power_of_two", "prefix_cache_affinity"]
 class RayServeArgs:
     num_replicas: int = _opt(1, "Engine replicas (each one radixlm engine).")
     num_cpus_per_replica: float = _opt(1.0, "CPUs Ray reserves for each replica (per TP "
-                                       "node with --nnodes).")
+                                       "node with --nnodes); a CPU engine computes with "
+                                       "that many threads (floored, shared by the node's "
+                                       "TP ranks) unless --num-threads is given.")
     num_gpus_per_replica: float = _opt(0.0, "GPUs Ray reserves for each replica (per TP "
                                        "node with --nnodes; set it to --tp-size / --nnodes).")
     request_router: str = _opt("cache_aware", "Serve request router of the replicas: "

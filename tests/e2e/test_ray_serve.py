@@ -30,8 +30,11 @@ from tests.process_tree import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-# A small KV pool: five engines (2 apps x 2 replicas + the single server) share the host.
-ENGINE = ServerArgs(device_memory="2GiB", max_total_tokens=4096, log_level="warning")
+# A small KV pool: five engines (2 apps x 2 replicas + the single server) share the host;
+# each replica's engine detokenizes in its API process (two processes each, not three:
+# the engines' own start-up is not what this module tests).
+ENGINE = ServerArgs(device_memory="2GiB", max_total_tokens=4096, log_level="warning",
+                    detokenizer_mode="api")
 APPS = {"ca": "cache_aware", "p2": "power_of_two"}
 GROUPS, PER_GROUP = 6, 4
 

@@ -48,3 +48,20 @@ def test_tp_over_nodes_reserves_one_bundle_per_node():
     assert replica_config.placement_group_bundles == [{"CPU": 4, "GPU": 2}] * 2
     assert replica_config.placement_group_strategy == "STRICT_SPREAD"
     assert replica_config.ray_actor_options["num_cpus"] == 0
+
+
+def test_cpu_engines_compute_with_the_cpus_ray_reserves():
+    def threads(ray_args: RayServeArgs, server_args: ServerArgs) -> int | None:
+        return engine_deployment(build_app(ray_args, server_args)).init_args[0].num_threads
+
+    assert threads(RayServeArgs(num_cpus_per_replica=0.5), ServerArgs()) == 1
+    assert threads(RayServeArgs(num_cpus_per_replica=8), ServerArgs()) == 8
+    assert threads(RayServeArgs(num_cpus_per_replica=6.9), ServerArgs()) == 6
+    # per node, shared by the node's TP ranks (4 ranks over 2 nodes: 2 per node)
+    assert threads(RayServeArgs(num_cpus_per_replica=8), ServerArgs(tp_size=4, nnodes=2)) == 4
+    assert threads(RayServeArgs(num_cpus_per_replica=1), ServerArgs(tp_size=4)) == 1
+    # an explicit --num-threads wins; GPU replicas keep the engine's default
+    assert threads(RayServeArgs(num_cpus_per_replica=8), ServerArgs(num_threads=3)) == 3
+    assert threads(RayServeArgs(num_cpus_per_replica=8, num_gpus_per_replica=1),
+                   ServerArgs()) is None
+    assert threads(RayServeArgs(num_cpus_per_replica=8), ServerArgs(device="cuda")) is None
