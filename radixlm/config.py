@@ -115,13 +115,20 @@ class ServerArgs:
     enable_torch_compile: bool = _opt(
         False, "CPU: compile the decode forward with torch.compile (inductor's C++ backend; "
         "needs g++) once per batch size up to --torch-compile-max-bs, padding batches to "
-        "the next size like CUDA graphs, paid for at start-up by compiling (30-40 s a size "
-        "on 2 cores; ~7 s at a second start, from inductor's cache). Compiled / eager "
-        "~1.2x at batch 1, 1.0-1.1x at 8 and 32 on an AVX2 Zen 3 (scripts/bench_compile_ab.py); "
+        "the next size like CUDA graphs. Compiling takes 30-40 s a size on 2 cores (~7 s "
+        "at a second start, from inductor's cache), in the background while decode runs "
+        "eagerly (--torch-compile-background). Compiled / eager ~1.2x at batch 1, "
+        "1.0-1.1x at 8 and 32 on an AVX2 Zen 3 (scripts/bench_compile_ab.py); "
         "docs/tuning.md.")
     torch_compile_max_bs: int = _opt(
         32, "Largest decode batch compiled with --enable-torch-compile (sizes 1, 2, 4, 8, "
         "12, 16, 24, ... up to it); larger batches and prefills run eagerly.")
+    torch_compile_background: bool = _opt(
+        True, "With --enable-torch-compile: serve at once and compile the decode graphs "
+        "in a background thread, smallest batch size first, each size running eagerly "
+        "until its graph is ready (the compile shares the CPU with serving meanwhile). "
+        "--no-torch-compile-background compiles them all before serving. Tensor-parallel "
+        "ranks always compile before serving.")
     schedule_policy: str = _opt(
         "fcfs", "Order of the waiting queue: fcfs (arrival) or lpm (longest cached prefix "
         "first; FCFS beyond 128 waiting requests).", ["fcfs", "lpm"])

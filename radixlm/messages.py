@@ -119,6 +119,9 @@ class PoolStats:
     speculative: dict | None = None
     # Hierarchical cache counters and tier sizes (HiRadixCache.tier_stats()); None when off.
     hicache: dict[str, Any] | None = None
+    # Decode graphs (DecodeGraphRunner.stats(): kind, batch_sizes, ready, capturing,
+    # replays, error); None without CUDA graphs or --enable-torch-compile.
+    decode_graphs: dict[str, Any] | None = None
 
 
 # --- to the detokenizer -----------------------------------------------------------

@@ -220,7 +220,7 @@ class TorchAttentionBackend(AttentionBackend):
         if self.decode_kernel:
             window = layer.sliding_window or 0
             r2t = fb.req_to_token_pool.req_to_token
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_dynamo_compiling():
                 pool.set_kv(layer.layer_id, loc, k, v)
                 return paged_decode_attention(q, k_buf, v_buf, r2t, rows, seq_lens,
                                               layer.scaling, window)

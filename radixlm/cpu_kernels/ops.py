@@ -54,7 +54,7 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
     in q's dtype. The op compiled decode graphs hold (the KV write stays a separate
     index_put there, which inductor generates itself). Eagerly the kernel loads first
     (its library implements the op); a traced graph's caller has loaded it."""
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_dynamo_compiling():
         load_kernel("decode_attention")
     return torch.ops.radixlm.paged_decode_attention(q, k_buf, v_buf, req_to_token,
                                                     req_pool_indices, seq_lens, scale, window)
@@ -69,8 +69,9 @@ def sampling_kernel() -> ModuleType | None:
 def eager_kernels(x: torch.Tensor) -> ModuleType | None:
     """The norm/RoPE kernels (`norm_rope.cpp`) when they apply to x: a 2-D CPU tensor in
     an eager forward, the kernels built; else None (use the torch code)."""
-    # Called several times per layer: is_compiling() first (x's attributes stay out of a
-    # traced graph), then `is_cpu` (a flag; `x.device` builds a device object per call).
-    if torch.compiler.is_compiling() or not x.is_cpu or x.dim() != 2:
+    # Called several times per layer: is_dynamo_compiling() first (x's attributes stay out
+    # of a traced graph), then `is_cpu` (a flag; `x.device` builds a device object per
+    # call).
+    if torch.compiler.is_dynamo_compiling() or not x.is_cpu or x.dim() != 2:
         return None
     return load_kernel("norm_rope")

@@ -20,6 +20,7 @@ import time
 import torch
 
 from radixlm.attention import create_attention_backend
+from radixlm.attention.base import AttentionBackend
 from radixlm.attention.batch_invariant_backend import BatchInvariantAttentionBackend
 from radixlm.config import ServerArgs
 from radixlm.cpu_kernels.build import load_all_kernels
@@ -125,13 +126,7 @@ class ModelRunner:
         self.req_to_token_pool = self.pools.req_to_token_pool
         self.token_to_kv_pool = self.pools.token_to_kv_pool
         self.allocator = self.pools.allocator
-        if args.enable_deterministic_inference:
-            # Batch-invariant attention and draws (the GEMMs: linear_policy above).
-            self.attn_backend = BatchInvariantAttentionBackend()
-        else:
-            self.attn_backend = create_attention_backend(
-                args.attention_backend, self.device,
-                sliding_window=cfg.sliding_layers is not None and any(cfg.sliding_layers))
+        self.attn_backend = self.new_attention_backend()
         self.sampler = Sampler(deterministic=args.enable_deterministic_inference)
         # The CPU's out-of-memory: the planned activation pool as a budget (CUDA raises
         # torch.OutOfMemoryError by itself).
@@ -139,6 +134,18 @@ class ModelRunner:
                                  if self.device.type == "cpu" else None)
         self.decode_graphs = (self._cuda_graphs(args) if self.device.type == "cuda"
                               else self._compiled_graphs(args))
+
+    def new_attention_backend(self) -> AttentionBackend:
+        """An attention backend for this runner's forwards. A backend keeps the metadata of
+        the forward it last prepared: a forward running beside another (a background graph
+        capture beside the eager steps) needs one of its own."""
+        args, cfg = self.args, self.model_config
+        if args.enable_deterministic_inference:
+            # Batch-invariant attention and draws (the GEMMs: linear_policy above).
+            return BatchInvariantAttentionBackend()
+        return create_attention_backend(
+            args.attention_backend, self.device,
+            sliding_window=cfg.sliding_layers is not None and any(cfg.sliding_layers))
 
     def _compiled_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
         """torch.compile the decode forward per batch size (--enable-torch-compile), or say
@@ -154,8 +161,11 @@ class ModelRunner:
             logger.warning("--enable-torch-compile ignored: %s", _MOE_NO_GRAPHS)
             return None
         sizes = capture_batch_sizes(min(args.torch_compile_max_bs, self.max_running_requests))
+        # Tensor-parallel ranks must pick graph or eager alike at every step: they compile
+        # before serving.
+        background = args.torch_compile_background and not self.ctx.is_parallel
         return DecodeGraphRunner(self, sizes, compiled_graph_factory(len(sizes)),
-                                 kind="torch.compile graphs")
+                                 kind="torch.compile graphs", background=background)
 
     def _cuda_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
         """Capture the decode CUDA graphs, or say why not."""
@@ -234,12 +244,15 @@ class ModelRunner:
             return graphs.replay(fb)
         return self.run_model(fb)
 
-    def run_model(self, fb: ForwardBatch) -> torch.Tensor:
+    def run_model(self, fb: ForwardBatch,
+                  attn_backend: AttentionBackend | None = None) -> torch.Tensor:
         """The eager forward (also what the decode graphs capture). Callers hold inference
         mode (`forward`, the graph runner's capture): entering it here would put the
-        entry into the compiled graphs, which AOTAutograd's cache refuses."""
-        fb.attn_backend = self.attn_backend
-        self.attn_backend.init_forward_metadata(fb)
+        entry into the compiled graphs, which AOTAutograd's cache refuses. `attn_backend`:
+        one of `new_attention_backend`'s (default: the runner's own)."""
+        backend = attn_backend or self.attn_backend
+        fb.attn_backend = backend
+        backend.init_forward_metadata(fb)
         return self.model(fb)
 
     @torch.inference_mode()

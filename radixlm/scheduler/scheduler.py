@@ -673,4 +673,6 @@ class Scheduler:
                                                if self.jump_forward is not None else {})},
                          speculative=(None if self.speculative is None
                                       else self.speculative.stats.as_dict()),
-                         hicache=self.tree_cache.tier_stats())
+                         hicache=self.tree_cache.tier_stats(),
+                         decode_graphs=(None if (d := getattr(self.runner, "decode_graphs",
+                                                              None)) is None else d.stats()))

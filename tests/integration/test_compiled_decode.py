@@ -112,7 +112,9 @@ def test_graph_goes_to_the_disk_cache_and_replays_without_dynamo(compiled, tiny_
 def test_engine_with_torch_compile_matches_eager(tiny_llama_dir):
     """A whole serving run (staggered arrivals, requests finishing at different steps, so
     decode batches of every size, some above the largest compiled one) with
-    --enable-torch-compile equals the eager run token for token; every slot comes back."""
+    --enable-torch-compile equals the eager run token for token, every slot back: run
+    again and again while the graphs are made in the background (eager steps beside the
+    capture thread's forwards, then graphs as they come), and once more after."""
     from radixlm.engine import Engine
     from tests.engine_checks import assert_all_slots_back, run_staggered
 
@@ -121,18 +123,24 @@ def test_engine_with_torch_compile_matches_eager(tiny_llama_dir):
                for n in torch.randint(4, 30, (6,), generator=gen)]
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
               for n in (3, 7, 5, 8, 2, 6)]
-    outputs = {}
-    for compile_on in (False, True):
-        engine = Engine(model=tiny_llama_dir, max_total_tokens=1024, max_running_requests=8,
-                        dtype="float32", enable_torch_compile=compile_on, torch_compile_max_bs=4)
-        outputs[compile_on] = run_staggered(engine, prompts, params, seed=1)
+    kw = dict(model=tiny_llama_dir, max_total_tokens=1024, max_running_requests=8,
+              dtype="float32", torch_compile_max_bs=4)
+    eager = Engine(**kw)
+    assert eager.scheduler.runner.decode_graphs is None
+    want = run_staggered(eager, prompts, params, seed=1)
+    engine = Engine(enable_torch_compile=True, **kw)
+    graphs = engine.scheduler.runner.decode_graphs
+    assert graphs.batch_sizes == [1, 2, 4] and graphs.ready_sizes != graphs.batch_sizes
+    runs_while_capturing = 0
+    while True:
+        last = not graphs.capturing
+        assert run_staggered(engine, prompts, params, seed=1) == want
         assert_all_slots_back(engine)
-        graphs = engine.scheduler.runner.decode_graphs
-        if compile_on:
-            assert graphs.batch_sizes == [1, 2, 4] and graphs.replays > 0
-        else:
-            assert graphs is None
-    assert outputs[True] == outputs[False]
+        if last:
+            break
+        runs_while_capturing += 1
+    assert runs_while_capturing > 0
+    assert graphs.error is None and graphs.wait_ready() and graphs.replays > 0
 
 
 def test_gemma3_compiles_and_matches_eager(tmp_path):

@@ -46,6 +46,7 @@ def test_default_cpu_serving_config_gives_the_models_tokens(real_cpu) -> None:
         assert any(isinstance(m, Int4GroupwiseLinear) for m in runner.model.modules())
     graphs = runner.decode_graphs
     assert graphs is not None, "compiled decode graphs were refused"
+    assert graphs.wait_ready(900), graphs.error  # made in the background by default
     params = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
     outs = [eng.generate(p, params) for p in PROMPTS]  # one at a time: batch 1, compiled
     assert graphs.replays >= len(PROMPTS) * (NEW - 1)

@@ -83,7 +83,7 @@ class TiledBf16Linear(LinearMethod):
             x2 = x2.to(torch.bfloat16)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             y = torch.ops.radixlm.bf16_tiles_matmul(x2, self.tiles, self.out_features, bias)
         else:
             y = self._kernel.bf16_tiles_matmul(x2, self.tiles, self.out_features, bias)
@@ -95,7 +95,7 @@ class TiledBf16Linear(LinearMethod):
         """The kernel's fused epilogue (`bf16_tiles_gated`): a bf16 x [M, in] eagerly,
         halves of whole blocks of 16 channels; else None (forward, then act * up)."""
         half = self.out_features // 2
-        if (torch.compiler.is_compiling() or x.dtype != torch.bfloat16 or x.dim() != 2
+        if (torch.compiler.is_dynamo_compiling() or x.dtype != torch.bfloat16 or x.dim() != 2
                 or self.out_features % (2 * BLOCK_N)):
             return None
         return self._kernel.bf16_tiles_gated(x.contiguous(), self.tiles, half, gelu)

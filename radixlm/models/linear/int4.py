@@ -210,7 +210,7 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
 
     def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         args = (x, self.q_bf16, self.d, self.m, self.out_features, bias, self._exact_c)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             return torch.ops.radixlm.int4_tiles_matmul(*args)
         return self._tiles.bf16_tiles_q4_matmul(*args)
 
@@ -222,19 +222,19 @@ class Int4GroupwiseLinear(SmallBatchQuantized):
         if self._f32 is not None:
             args = (x, self.q_f32, self.d, self.m, self.out_features)
             if self.int8_activations:
-                if torch.compiler.is_compiling():
+                if torch.compiler.is_dynamo_compiling():
                     return torch.ops.radixlm.int4_f32_q8_matmul(*args)
                 return self._f32.int4_f32_q8_matmul(*args)
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_dynamo_compiling():
                 return torch.ops.radixlm.int4_f32_matmul(*args)
             return self._f32.int4_f32_matmul(*args)
         if self._bf16 is not None:
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_dynamo_compiling():
                 return torch.ops.radixlm.int4_bf16_matmul(x, self.q_bf16, self.d, self.m,
                                                           self.out_features)
             return self._bf16.int4_bf16_matmul(x, self.q_bf16, self.d, self.m, self.out_features)
         if self._kernel is not None:
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_dynamo_compiling():
                 return torch.ops.radixlm.int4_group_matmul(x, self.q_blocks, self.d, self.m)
             return self._kernel.int4_group_matmul(x, self.q_blocks, self.d, self.m)
         # (dtype checks, not no-op .to() calls: ~1.5 us each, 240 per decode step)

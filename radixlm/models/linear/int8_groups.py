@@ -160,12 +160,12 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
     def small(self, x: torch.Tensor) -> torch.Tensor:
         if self._f32 is not None:
             args = (x, self.q_f32, self.s_f32, self.group_size, self.out_features)
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_dynamo_compiling():
                 return torch.ops.radixlm.int8_f32_matmul(*args)
             return self._f32.int8_f32_matmul(*args)
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             y = torch.ops.radixlm.int8_group_matmul(x.contiguous(), self.q, self.s,
                                                     self.group_size)
         else:
@@ -189,7 +189,7 @@ class Int8GroupwiseLinear(SmallBatchQuantized):
 
     def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         args = (x, self.q, self.s, self.group_size, bias)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             return torch.ops.radixlm.int8_tiles_matmul(*args)
         return self._tiles.bf16_tiles_q8_matmul(*args)
 

@@ -184,7 +184,7 @@ class SmallBatchQuantized(LinearMethod):
 
     def _gated_past_kernel(self, x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
         rows = x.shape[0]
-        if rows <= self.max_m or torch.compiler.is_compiling():
+        if rows <= self.max_m or torch.compiler.is_dynamo_compiling():
             return None
         if rows <= self.tiles_max_m:
             if x.dtype != torch.bfloat16 or x.dim() != 2 or self.out_features % 32:

@@ -83,7 +83,7 @@ class Q5GroupwiseLinear(SmallBatchQuantized):
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         xa = x if x.dtype in (torch.float32, torch.bfloat16) else x.float()
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             y = torch.ops.radixlm.q5_bf16_matmul(xa, self.q5, self.d, self.out_features)
         else:
             y = self._kernel.q5_bf16_matmul(xa, self.q5, self.d, self.out_features)
@@ -91,7 +91,7 @@ class Q5GroupwiseLinear(SmallBatchQuantized):
 
     def tiles(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         args = (x, self.q5, self.d, self.out_features, bias)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             return torch.ops.radixlm.q5_tiles_matmul(*args)
         return self._tiles.bf16_tiles_q5_matmul(*args)
 
