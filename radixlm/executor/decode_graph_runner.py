@@ -3,8 +3,8 @@
 A decode step of a small model is hundreds of small ops whose per-op overhead dominates
 (kernel launches on a GPU, dispatch and Python on a CPU). The runner makes one graph of
 the decode forward per size in `batch_sizes` (`capture_batch_sizes`); a decode batch of B
-requests runs the graph of the smallest ready size P >= B, else eagerly. `background`
-(CPU): the graphs are made by a thread while the steps run (docs/executor.md). A graph is:
+requests runs the graph of the smallest size P >= B, else eagerly. `background` (CPU):
+a thread makes the graphs while the steps run eagerly (docs/executor.md). A graph is:
 
     CudaGraph       a captured CUDA graph, replayed (CUDA);
     CompiledGraph   the forward compiled by torch.compile for that size (the CPU's
@@ -135,8 +135,8 @@ class DecodeGraphRunner:
         self.dummy_row = runner.req_to_token_pool.dummy_row
         self.static = {bs: self._new_static(bs) for bs in self.batch_sizes}
         self.graphs: dict[int, Graph] = {}
-        # The sizes whose graph is ready, sorted; replaced whole (never changed in place)
-        # when a background capture adds one, so a step reads one consistent list.
+        # The sizes whose graph is in use, sorted; set whole once a capture ends (never
+        # changed in place), so a step reads one consistent list.
         self.ready_sizes: list[int] = []
         self.replays = 0
         self.padded_rows = 0  # padding rows computed over all replays
@@ -181,10 +181,9 @@ class DecodeGraphRunner:
     @torch.inference_mode()
     def _capture(self, factory: GraphFactory, order: list[int], attn_backend=None) -> None:
         """Blocking: largest size first, so the shared memory pool (CUDA) is sized by the
-        largest graph and the smaller ones fit in what it already holds. Background:
-        smallest first (single streams gain soonest), with an attention backend of its own
-        (the eager steps' keeps their metadata); a failure leaves the sizes not yet made
-        to eager steps. The static buffers hold the dummy request in every row during
+        largest graph and the smaller ones fit in what it already holds. Background: with
+        an attention backend of its own (the eager steps' keeps their metadata); the
+        graphs are used once all are made, or those made before a failure. The static buffers hold the dummy request in every row during
         capture: the warm-up and captured runs write K/V only into slot 0, which no
         request owns."""
         t0 = time.perf_counter()
@@ -199,15 +198,18 @@ class DecodeGraphRunner:
                 graph = factory()
                 graph.capture(lambda fb=fb: run(fb, attn_backend))
                 self.graphs[bs] = graph
-                self.ready_sizes = sorted(self.graphs)
         except Exception as e:
             if self._thread is None:
                 raise
             self.error = e
+            self.ready_sizes = sorted(self.graphs)
             logger.warning("making decode %s stopped (%s: %s); batch sizes above %s run "
                            "eagerly", self.kind, type(e).__name__, e,
                            self.ready_sizes[-1] if self.ready_sizes else 0)
             return
+        # All at once, at the end: a replay beside a capture that holds the GIL waits for
+        # it at every op call (each releases it; ~4 tok/s where the eager step ran ~30).
+        self.ready_sizes = sorted(self.graphs)
         self.capture_s = time.perf_counter() - t0
         logger.info("made %d decode %s (batch sizes %s) in %.1f s%s", len(self.graphs),
                     self.kind, _ranges(self.batch_sizes), self.capture_s,
