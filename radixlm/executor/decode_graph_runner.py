@@ -146,7 +146,7 @@ class DecodeGraphRunner:
         self._thread: threading.Thread | None = None
         if background:
             logger.info("making %d decode %s (batch sizes %s) in the background; decode "
-                        "steps run eagerly until their size is ready", len(self.batch_sizes),
+                        "steps run eagerly until all are made", len(self.batch_sizes),
                         kind, _ranges(self.batch_sizes))
             self._thread = threading.Thread(
                 target=self._capture, args=(factory, self.batch_sizes,
@@ -183,9 +183,9 @@ class DecodeGraphRunner:
         """Blocking: largest size first, so the shared memory pool (CUDA) is sized by the
         largest graph and the smaller ones fit in what it already holds. Background: with
         an attention backend of its own (the eager steps' keeps their metadata); the
-        graphs are used once all are made, or those made before a failure. The static buffers hold the dummy request in every row during
-        capture: the warm-up and captured runs write K/V only into slot 0, which no
-        request owns."""
+        graphs are used once all are made, or those made before a failure. The static
+        buffers hold the dummy request in every row during capture: the warm-up and
+        captured runs write K/V only into slot 0, which no request owns."""
         t0 = time.perf_counter()
         run = self.runner.run_model
         try:

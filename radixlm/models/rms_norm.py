@@ -77,7 +77,8 @@ class GemmaRMSNorm(nn.Module):
         """Normalizes the last dim; on the kernel path x may be [T, n] or [T, heads, d]
         (Gemma's per-head q/k norms; rows may be strided views)."""
         # (the strided view only eagerly: a traced graph takes the torch code below)
-        rows = None if torch.compiler.is_dynamo_compiling() else x if x.dim() == 2 else _head_rows(x)
+        traced = torch.compiler.is_dynamo_compiling()
+        rows = None if traced else x if x.dim() == 2 else _head_rows(x)
         kernels = eager_kernels(rows) if rows is not None else None
         if kernels is not None:
             return kernels.gemma_rms_norm(rows, self._one_plus_w(), self.eps).view(x.shape)
