@@ -28,6 +28,7 @@ import torch
 from radixlm.forward_batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
+    from radixlm.attention.base import AttentionBackend
     from radixlm.mem import ReqToTokenPool, TokenToKVPool
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,10 @@ class EagerRunner(Protocol):
     req_to_token_pool: "ReqToTokenPool"
     token_to_kv_pool: "TokenToKVPool"
 
-    def run_model(self, fb: ForwardBatch, attn_backend=None) -> torch.Tensor: ...
+    def run_model(self, fb: ForwardBatch,
+                  attn_backend: "AttentionBackend | None" = None) -> torch.Tensor: ...
 
-    def new_attention_backend(self): ...
+    def new_attention_backend(self) -> "AttentionBackend": ...
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -131,7 +133,6 @@ class DecodeGraphRunner:
         self.runner = runner
         self.kind = kind
         self.batch_sizes = sorted(set(batch_sizes))
-        self.max_bs = self.batch_sizes[-1]
         self.dummy_row = runner.req_to_token_pool.dummy_row
         self.static = {bs: self._new_static(bs) for bs in self.batch_sizes}
         self.graphs: dict[int, Graph] = {}
@@ -179,7 +180,8 @@ class DecodeGraphRunner:
             token_to_kv_pool=self.runner.token_to_kv_pool)
 
     @torch.inference_mode()
-    def _capture(self, factory: GraphFactory, order: list[int], attn_backend=None) -> None:
+    def _capture(self, factory: GraphFactory, order: list[int],
+                 attn_backend: "AttentionBackend | None" = None) -> None:
         """Blocking: largest size first, so the shared memory pool (CUDA) is sized by the
         largest graph and the smaller ones fit in what it already holds. Background: with
         an attention backend of its own (the eager steps' keeps their metadata); the

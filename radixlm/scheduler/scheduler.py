@@ -674,5 +674,5 @@ class Scheduler:
                          speculative=(None if self.speculative is None
                                       else self.speculative.stats.as_dict()),
                          hicache=self.tree_cache.tier_stats(),
-                         decode_graphs=(None if (d := getattr(self.runner, "decode_graphs",
-                                                              None)) is None else d.stats()))
+                         decode_graphs=(None if (d := self.runner.decode_graphs) is None
+                                        else d.stats()))
