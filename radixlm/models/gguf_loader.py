@@ -12,13 +12,14 @@ their exact int8 groups (models/gguf_int8.py).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 from radixlm.models.gguf_dequant import dequantize
 from radixlm.models.gguf_int4 import int4_groups_from_blocks, is_int4_type
@@ -66,26 +67,61 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 class _FastGGUFReader(GGUFReader):
-    """GGUFReader that parses the metadata ~3x faster (5.5 s -> 1.9 s for SmolLM2's
-    49k-token vocabulary on a 2-core CPU).
+    """GGUFReader that parses the metadata ~15x faster (5.5 s -> ~0.35 s for SmolLM2's
+    49k-token vocabulary and 49k merges on a 2-core CPU), into the same fields.
 
     The stock reader slices its `np.memmap` once per value (~250k times for a tokenizer
-    vocabulary) and each memmap slice pays for `memmap.__array_finalize__`. Slicing a
-    plain-ndarray view of the same mapping gives identical arrays (still backed by the
-    file) without that cost. Overrides the private `_get(offset, dtype, count,
-    override_order)`; should gguf drop it, the override is simply never called.
+    vocabulary), each slice paying for `memmap.__array_finalize__` and a dtype lookup, and
+    walks an array's items through the generic per-value parser. Here: slices of a plain
+    ndarray view of the same mapping (identical arrays, still backed by the file), an
+    array of scalars cut into its per-item views in one call, and an array of strings
+    walked by its length prefixes alone. Overrides the private `_get` and
+    `_get_field_parts`; should gguf drop or change them, the stock parse runs instead
+    (tests/unit/test_gguf_loader.py compares every field with the stock reader's).
     """
+
+    def _raw(self) -> npt.NDArray[np.uint8]:
+        raw = self.__dict__.get("_raw_view")
+        if raw is None:
+            raw = self._raw_view = self.data.view(np.ndarray)
+        return raw
 
     def _get(self, offset: int, dtype: npt.DTypeLike, count: int = 1,
              override_order: str | None = None) -> npt.NDArray[Any]:
-        raw = self.__dict__.get("_raw")
-        if raw is None:
-            raw = self._raw = self.data.view(np.ndarray)
         count = int(count)
         dt = np.dtype(dtype)
-        arr = raw[offset:offset + dt.itemsize * count].view(dt)[:count]
+        arr = self._raw()[offset:offset + dt.itemsize * count].view(dt)[:count]
         order = self.byte_order if override_order is None else override_order
         return arr.view(arr.dtype.newbyteorder(order))
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int
+                         ) -> tuple[int, list[npt.NDArray[Any]], list[int], list[Any]]:
+        if raw_type != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        itype, n = GGUFValueType(int(raw_itype[0])), int(alen[0])
+        scalar = self.gguf_scalar_to_np.get(itype)
+        if n == 0 or (scalar is None and itype != GGUFValueType.STRING):
+            return super()._get_field_parts(orig_offs, raw_type)  # (nested arrays)
+        raw, offs = self._raw(), orig_offs + 12
+        parts: list[npt.NDArray[Any]] = [raw_itype, alen]
+        if scalar is not None:  # n items of one dtype: n one-item views of one array
+            dt = np.dtype(scalar).newbyteorder(self.byte_order)
+            parts.extend(raw[offs:offs + dt.itemsize * n].view(dt).reshape(n, 1))
+            return 12 + dt.itemsize * n, parts, list(range(2, n + 2)), [GGUFValueType.ARRAY,
+                                                                        itype]
+        u64 = np.dtype(np.uint64).newbyteorder(self.byte_order)
+        swapped = self.byte_order == "S"
+        order = ("big" if sys.byteorder == "little" else "little") if swapped else sys.byteorder
+        buf = memoryview(raw)
+        for _ in range(n):  # each string: its uint64 length, then its bytes
+            size = int.from_bytes(buf[offs:offs + 8], order)
+            parts.append(raw[offs:offs + 8].view(u64))
+            parts.append(raw[offs + 8:offs + 8 + size])
+            offs += 8 + size
+        return offs - orig_offs, parts, list(range(3, 2 * n + 3, 2)), [GGUFValueType.ARRAY,
+                                                                      itype]
 
 
 def open_gguf(path: str) -> GGUFReader:

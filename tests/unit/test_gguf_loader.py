@@ -278,3 +278,43 @@ def test_llama3_rope_freqs_tensor(tmp_path):
         ref = hf(torch.tensor([ids])).logits[0]
     h = PoolHarness(model, config)
     assert rel_err(h.extend([h.new_request()], [ids], all_logits=True), ref) < 1e-4
+
+
+def test_fast_reader_parses_the_fields_the_stock_reader_does(tmp_path):
+    """Every metadata field and tensor of a file with each kind of value (scalars,
+    strings, arrays of scalars and of strings, empty and nested arrays) equals the
+    stock GGUFReader's, part by part (the fast reader's own array parsers)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    path = str(tmp_path / "fields.gguf")
+    w = GGUFWriter(path, "llama")
+    w.add_string("s.plain", "héllo ✓")
+    w.add_string("s.empty", "")
+    w.add_uint32("n.u32", 7)
+    w.add_float32("n.f32", 0.25)
+    w.add_bool("n.bool", True)
+    w.add_array("a.strings", ["", "a", "ünï ✓", "x" * 300])
+    w.add_array("a.i32", [-1, 0, 2**31 - 1])
+    w.add_array("a.f32", [0.5, -2.0])
+    w.add_array("a.bool", [True, False, True])
+    w.add_array("a.empty", [])
+    w.add_array("a.nested", [[1, 2], [3]])
+    w.add_tensor("t.weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    fast, stock = open_gguf(path), GGUFReader(path)
+    assert list(fast.fields) == list(stock.fields)
+    for name, want in stock.fields.items():
+        got = fast.fields[name]
+        assert (got.offset, got.data, got.types) == (want.offset, want.data, want.types), name
+        assert len(got.parts) == len(want.parts), name
+        for a, b in zip(got.parts, want.parts):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+        assert repr(got.contents()) == repr(want.contents()), name
+    assert fast.fields["a.strings"].contents() == ["", "a", "ünï ✓", "x" * 300]
+    assert fast.fields["a.i32"].types == [GGUFValueType.ARRAY, GGUFValueType.INT32]
+    assert [(t.name, t.data_offset) for t in fast.tensors] == \
+        [(t.name, t.data_offset) for t in stock.tensors]
+    assert np.array_equal(fast.tensors[0].data, stock.tensors[0].data)
