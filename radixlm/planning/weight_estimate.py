@@ -21,8 +21,12 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from radixlm.models.model_config import ModelConfig
+from radixlm.planning.dtype_sizes import QUANTIZATIONS
+
+if TYPE_CHECKING:
+    from radixlm.models.model_config import ModelConfig
 
 # Name suffix -> how the tensor is split across TP ranks.
 _COL_PARALLEL = ("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias",
@@ -40,8 +44,6 @@ _LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.we
                    "w3.weight") + _REPLICATED_LINEAR
 _VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
 _REPLICATED = ("norm.weight", "o_proj.bias", "down_proj.bias")
-
-QUANTIZATIONS = ("none", "fp8", "int4")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: IpcEndpoints) -> None:
     set_process_name("radixlm-detok")
     setup_logging(args.log_level, "detokenizer")
     setup_helper_threads()  # before torch loads (below, with transformers)
-    from radixlm.models import resolve_model_path
+    from radixlm.model_path import resolve_model_path
     from radixlm.tokenizer.detokenizer import Detokenizer
     from radixlm.tokenizer.loader import load_tokenizer
 

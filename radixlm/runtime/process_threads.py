@@ -11,8 +11,7 @@
 
 Each is called first thing in the process's entry function. Where torch is not loaded
 yet (the spawned scheduler, TP rank and detokenizer processes) OMP_NUM_THREADS is set to
-match first, for libraries that read it at load; in the API process `radixlm serve` has
-loaded torch already while building its parser, so only the torch calls apply there.
+match first, which torch and other OpenMP libraries read at load.
 """
 
 from __future__ import annotations
@@ -97,9 +96,13 @@ def setup_compute_process(args: ServerArgs, guest: bool = False) -> None:
 
 
 def setup_helper_threads() -> None:
-    """API and detokenizer processes: torch single-threaded, intra-op and inter-op."""
+    """API and detokenizer processes: torch single-threaded. Where torch is not loaded
+    yet, OMP_NUM_THREADS alone (torch's intra-op pool reads it when torch loads; its
+    inter-op pool starts only for work these processes never submit): the detokenizer
+    never needs torch, and importing it here would cost ~2 s of CPU at every start."""
     if "torch" not in sys.modules:
         os.environ["OMP_NUM_THREADS"] = "1"
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -110,6 +113,11 @@ def setup_helper_threads() -> None:
 
 
 def current_torch_threads() -> int | None:
-    """This process's torch intra-op thread count; None when torch is not loaded."""
+    """This process's torch intra-op thread count; where torch is not loaded (a helper
+    with a GGUF model's tokenizer), the count it would load with (OMP_NUM_THREADS, as
+    the setup functions above set it); None when neither is known."""
     torch = sys.modules.get("torch")
-    return None if torch is None else torch.get_num_threads()
+    if torch is not None:
+        return torch.get_num_threads()
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() else None

@@ -43,7 +43,7 @@ def launch_server(args: ServerArgs) -> None:
         from radixlm.runtime.process_threads import setup_helper_threads
 
         setup_helper_threads()  # the API process runs torch single-threaded
-        from radixlm.models import resolve_model_path
+        from radixlm.model_path import resolve_model_path
         from radixlm.server.admission import AdmissionControl
         from radixlm.server.app import create_app
         from radixlm.server.drain import DrainingServer

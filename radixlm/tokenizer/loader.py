@@ -11,12 +11,13 @@ into place, so concurrent first starts never see (or leave) a half-written entry
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 
 import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from radixlm.runtime.cache_dir import CACHE_ENV, cache_root as radixlm_cache_root  # noqa: F401
 from radixlm.tokenizer.family_templates import default_chat_template
@@ -39,7 +40,7 @@ def load_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTra
         raise FileNotFoundError(f"tokenizer path {path!r} does not exist")
     if path.endswith(".gguf"):
         return _load_gguf_tokenizer(path)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return _auto_tokenizer(path)
 
 
 def gguf_cache_dir(gguf_path: str) -> str:
@@ -51,19 +52,36 @@ def gguf_cache_dir(gguf_path: str) -> str:
     return os.path.join(cache_root(), digest)
 
 
+def _load_saved(cached: str) -> PreTrainedTokenizerBase:
+    """A cache entry through the class its tokenizer_config.json names, when transformers
+    exports it (TokenizersBackend, a family's tokenizer): AutoTokenizer would resolve the
+    same class but imports torch on the way (~2 s of CPU in a process that needs none)."""
+    with open(os.path.join(cached, "tokenizer_config.json")) as f:
+        name = json.load(f).get("tokenizer_class")
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase):
+        return cls.from_pretrained(cached, local_files_only=True)
+    return _auto_tokenizer(cached)
+
+
+def _auto_tokenizer(path: str, **kw) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # (imports torch)
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, **kw)
+
+
 def _load_gguf_tokenizer(gguf_path: str) -> PreTrainedTokenizerBase:
     cached = gguf_cache_dir(gguf_path)
     if os.path.isdir(cached):
-        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
-                                              gguf_file=os.path.basename(gguf_path),
-                                              local_files_only=True)
+        return _load_saved(cached)
+    tokenizer = _auto_tokenizer(os.path.dirname(gguf_path),
+                                gguf_file=os.path.basename(gguf_path))
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = default_chat_template(_gguf_arch(gguf_path))
     _save_atomically(tokenizer, cached)
     # Load the saved copy rather than return the converted one, so the first start and
     # every later one use the exact same tokenizer.
-    return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    return _load_saved(cached)
 
 
 def _gguf_arch(gguf_path: str) -> str | None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import transformers
 from gguf import GGUFWriter
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -54,14 +57,14 @@ def gguf_file(tmp_path, monkeypatch) -> str:
 def conversions(monkeypatch) -> list[str]:
     """Records every slow GGUF -> tokenizer conversion."""
     calls: list[str] = []
-    real = tok_loader.AutoTokenizer.from_pretrained
+    real = transformers.AutoTokenizer.from_pretrained
 
     def spy(path, *args, **kwargs):
         if "gguf_file" in kwargs:
             calls.append(kwargs["gguf_file"])
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(tok_loader.AutoTokenizer, "from_pretrained", spy)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
     return calls
 
 
@@ -82,6 +85,23 @@ def test_converts_once_then_loads_from_cache(gguf_file, conversions):
     assert not [n for n in os.listdir(os.path.dirname(cache)) if n.startswith(".tmp")]
     _check(load_tokenizer(gguf_file))
     assert conversions == ["tok.gguf"]  # second load came from the cache
+
+
+def test_cached_entry_loads_as_autotokenizer_would_without_torch(gguf_file):
+    """A later start loads the saved entry through the class AutoTokenizer resolves, in a
+    helper process (the detokenizer) without importing torch."""
+    load_tokenizer(gguf_file)  # converts and saves
+    cache = gguf_cache_dir(gguf_file)
+    auto = transformers.AutoTokenizer.from_pretrained(cache, local_files_only=True)
+    assert type(load_tokenizer(gguf_file)) is type(auto)
+    code = ("import sys\n"
+            "from radixlm.tokenizer.loader import load_tokenizer\n"
+            f"tok = load_tokenizer({gguf_file!r})\n"
+            "print('torch' in sys.modules, tok.encode('hello hell', add_special_tokens=False))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == "False [262, 35, 261]"
 
 
 def test_cache_key_follows_the_file(gguf_file):
