@@ -67,8 +67,9 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 class _FastGGUFReader(GGUFReader):
-    """GGUFReader that parses the metadata ~15x faster (5.5 s -> ~0.35 s for SmolLM2's
-    49k-token vocabulary and 49k merges on a 2-core CPU), into the same fields.
+    """GGUFReader that parses the metadata into the same fields ~17-23x faster than the
+    stock one on a 2-core CPU (SmolLM2's 49k tokens and 49k merges: 3.7 -> 0.21 s; Gemma
+    3's 262k tokens: 19.9 -> 0.85 s).
 
     The stock reader slices its `np.memmap` once per value (~250k times for a tokenizer
     vocabulary), each slice paying for `memmap.__array_finalize__` and a dtype lookup, and

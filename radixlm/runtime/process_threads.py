@@ -114,10 +114,12 @@ def setup_helper_threads() -> None:
 
 def current_torch_threads() -> int | None:
     """This process's torch intra-op thread count; where torch is not loaded (a helper
-    with a GGUF model's tokenizer), the count it would load with (OMP_NUM_THREADS, as
-    the setup functions above set it); None when neither is known."""
+    with a GGUF model's tokenizer), or is being loaded by another thread (the API
+    process loads xgrammar, and torch with it, in the background), the count it loads
+    with (OMP_NUM_THREADS, as the setup functions above set it); None when neither is
+    known."""
     torch = sys.modules.get("torch")
-    if torch is not None:
+    if torch is not None and not getattr(torch.__spec__, "_initializing", False):
         return torch.get_num_threads()
     env = os.environ.get("OMP_NUM_THREADS", "")
     return int(env) if env.isdigit() else None

@@ -48,8 +48,8 @@ def hf(gguf):
     d, f = os.path.split(gguf)
     # Speed-ups only (same arrays, as in test_default_model.py): transformers parses the
     # metadata (a 262k-token vocabulary) with the stock reader twice for the model and once
-    # more for a tokenizer conversion (~25 s each on 2 loaded cores); here at most once,
-    # with the reader that skips the per-value memmap slices (~7 s). The dequantization
+    # more for a tokenizer conversion (~20-25 s each on 2 cores); here at most once, with
+    # radixlm's fast reader (~1 s, the same fields). The dequantization
     # (gguf.quants) and the model stay transformers'.
     reader = functools.cache(lambda path: _FastGGUFReader(path, "r"))
     with pytest.MonkeyPatch.context() as mp:

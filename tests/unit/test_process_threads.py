@@ -118,6 +118,29 @@ def test_environment_set_before_torch_loads(tmp_path):
     assert out["compute"][:2] == ["2", "2"]
 
 
+def test_threads_read_while_another_thread_imports_torch():
+    """The API process loads torch in a background thread (with xgrammar) while
+    /server_info may ask for its thread count: a half-imported torch is not asked (it
+    raised AttributeError, a 500)."""
+    import subprocess
+
+    code = ("import os, sys, threading\n"
+            "from radixlm.runtime import process_threads as pt\n"
+            "pt.setup_helper_threads()\n"
+            "t = threading.Thread(target=lambda: __import__('torch'))\n"
+            "t.start()\n"
+            "seen = set()\n"
+            "while t.is_alive():\n"
+            "    seen.add(pt.current_torch_threads())\n"
+            "t.join()\n"
+            "print(sorted(seen), pt.current_torch_threads())\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["[1]", "1"]
+
+
 def test_engine_keeps_the_callers_threads_unless_told(tiny_llama_dir, restore_torch_threads):
     from radixlm.engine import Engine
 
