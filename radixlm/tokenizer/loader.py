@@ -3,9 +3,11 @@
 Building a tokenizer from GGUF metadata is slow (transformers parses the whole file and
 converts the vocabulary: ~6-11 s for SmolLM2 on a small CPU), so the result is saved in
 HF format under a cache directory keyed by the file's identity and loaded from there
-afterwards (~0.3 s). A GGUF without a chat template gets its family's
-(tokenizer/family_templates.py) before it is saved. The cache entry is written to a temporary directory and renamed
-into place, so concurrent first starts never see (or leave) a half-written entry.
+afterwards (~0.3 s), through the class it names rather than AutoTokenizer, which imports
+torch (the detokenizer needs none). A GGUF without a chat template gets its family's
+(tokenizer/family_templates.py) before it is saved. The cache entry is written to a
+temporary directory and renamed into place, so concurrent first starts never see (or
+leave) a half-written entry.
 """
 
 from __future__ import annotations
