@@ -55,14 +55,17 @@ def gguf_cache_dir(gguf_path: str) -> str:
 
 
 def _load_saved(cached: str) -> PreTrainedTokenizerBase:
-    """A cache entry through the class its tokenizer_config.json names, when transformers
-    exports it (TokenizersBackend, a family's tokenizer): AutoTokenizer would resolve the
-    same class but imports torch on the way (~2 s of CPU in a process that needs none)."""
+    """A cache entry through the fast class its tokenizer_config.json names (its "Fast"
+    variant first, as AutoTokenizer picks), when transformers exports one
+    (TokenizersBackend, a family's tokenizer): AutoTokenizer would resolve the same class
+    but imports torch on the way (~2 s of CPU in a process that needs none)."""
     with open(os.path.join(cached, "tokenizer_config.json")) as f:
         name = json.load(f).get("tokenizer_class")
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase):
-        return cls.from_pretrained(cached, local_files_only=True)
+    if isinstance(name, str):
+        for candidate in dict.fromkeys((name.removesuffix("Fast") + "Fast", name)):
+            cls = getattr(transformers, candidate, None)
+            if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerFast):
+                return cls.from_pretrained(cached, local_files_only=True)
     return _auto_tokenizer(cached)
 
 
