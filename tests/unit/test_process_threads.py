@@ -124,7 +124,9 @@ def test_threads_read_while_another_thread_imports_torch():
     raised AttributeError, a 500)."""
     import subprocess
 
-    code = ("import os, sys, threading\n"
+    # The asking thread sleeps between calls: a busy loop would keep the GIL for whole
+    # switch intervals and stretch the import ~20x.
+    code = ("import os, sys, threading, time\n"
             "from radixlm.runtime import process_threads as pt\n"
             "pt.setup_helper_threads()\n"
             "t = threading.Thread(target=lambda: __import__('torch'))\n"
@@ -132,6 +134,7 @@ def test_threads_read_while_another_thread_imports_torch():
             "seen = set()\n"
             "while t.is_alive():\n"
             "    seen.add(pt.current_torch_threads())\n"
+            "    time.sleep(0.0002)\n"
             "t.join()\n"
             "print(sorted(seen), pt.current_torch_threads())\n")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
