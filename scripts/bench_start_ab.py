@@ -14,55 +14,44 @@ checkout in the working directory would shadow them).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
+from radixlm.bench.cold_start import first_completion, free_port, stop_server
 from radixlm.bench.report import machine_info
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, body: dict | None = None) -> int:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return r.status
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def one_start(tree: str, flags: list[str], timeout_s: float = 300) -> tuple[float, float]:
     """(seconds to /health 200, seconds to the first completion token) of one server."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=tree)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "radixlm", "serve", "--port", str(port),
                              *flags], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+                            stderr=subprocess.DEVNULL)
     try:
-        while True:
+        while not _healthy(port):
             if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
                 raise RuntimeError(f"server from {tree} did not start (exit {proc.poll()})")
-            try:
-                if _get(base + "/health") == 200:
-                    break
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         healthy = time.monotonic() - t0
-        _get(base + "/v1/completions", {"prompt": "Hello", "max_tokens": 1})
+        if not first_completion(port, timeout_s=60):
+            raise RuntimeError(f"server from {tree} answered no completion")
         return healthy, time.monotonic() - t0
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=60)
+        stop_server(proc)
 
 
 def main() -> None:

@@ -31,10 +31,10 @@ from radixlm.executor.sampler import SampleOutput, Sampler, SamplingBatchInfo
 from radixlm.mem.pools import build_pools
 from radixlm.planning.activation_guard import ActivationGuard
 from radixlm.planning.device_memory import probe_device_memory
+from radixlm.planning.dtype_sizes import DTYPE_BYTES
 from radixlm.planning.plan_report import plan_table
-from radixlm.planning.planner import (DTYPE_BYTES, MemoryPlan,
-                                 default_chunked_prefill_size, default_max_total_tokens,
-                                 plan_memory)
+from radixlm.planning.planner import (MemoryPlan, default_chunked_prefill_size,
+                                      default_max_total_tokens, plan_memory)
 from radixlm.planning.units import parse_size
 from radixlm.planning.weight_estimate import kv_heads_per_rank, module_bytes
 from radixlm.models import ModelConfig, load_model

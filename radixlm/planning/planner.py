@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from radixlm.planning.activation import ActivationModel
 from radixlm.planning.device_memory import DeviceMemory
-from radixlm.planning.dtype_sizes import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES
 from radixlm.planning.units import GiB, MiB, fmt_bytes
 from radixlm.planning.weight_estimate import check_tp, kv_heads_per_rank
 
