@@ -10,7 +10,7 @@ build `load_kernel` loads also registers the kernel's torch ops (`kernel_ops.py`
 failure (no compiler, no ninja) is logged once and answered with None: the callers fall
 back to their torch code. A build about to run is announced first, with the time the last
 build of that kernel took here; several missing kernels build in parallel, one process
-each.
+each, as many at once as there are cores.
 """
 
 from __future__ import annotations
@@ -193,31 +193,54 @@ def stop_builder_group(signum: int, frame: object) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def build_missing_in_parallel() -> None:
-    """Build every kernel not yet in the cache, one process per kernel at once (each g++
-    uses one core), so a first start waits for the longest build, not for their sum.
-    Plain subprocesses: the scheduler is a daemonic process, which multiprocessing forbids
-    to have children. Each builder leads its own process group and takes its compilers
-    down when the process that started it dies (a server stopped mid-build leaves no
-    builder or compiler behind: `builder_preexec`). A failed child is only logged:
-    load_kernel then tries (and says) again."""
+def build_order(names: list[str]) -> list[str]:
+    """`names` longest expected build first (then by name): the order a list schedule
+    over the cores finishes soonest in when one build is much longer than the rest."""
+    return sorted(names, key=lambda name: (-expected_build_seconds(name), name))
+
+
+def schedule_seconds(seconds: list[float], workers: int) -> float:
+    """When builds of these durations, started in this order, each on the first free
+    worker, are all done."""
+    free_at = [0.0] * max(workers, 1)
+    for duration in seconds:
+        i = free_at.index(min(free_at))
+        free_at[i] += duration
+    return max(free_at)
+
+
+def build_missing_in_parallel(poll_seconds: float = 0.2) -> None:
+    """Build every kernel not yet in the cache, one process per kernel and as many at once
+    as there are cores (each g++ uses one): the longest expected first, and the next one
+    started as soon as any finishes, so a first start waits about the sum of the builds
+    divided by the cores. Plain subprocesses: the scheduler is a daemonic process, which
+    multiprocessing forbids to have children. Each builder leads its own process group
+    and takes its compilers down when the process that started it dies (a server stopped
+    mid-build leaves no builder or compiler behind: `builder_preexec`). A failed child is
+    only logged: load_kernel then tries (and says) again."""
     missing = [name for name in kernel_names() if not _disabled(name) and not is_built(name)]
     if not missing:
         return
     workers = min(len(missing), os.cpu_count() or 1)
+    pending = build_order(missing)
     if len(missing) > 1 and workers > 1:  # a single builder announces its own build
-        rounds = -(-len(missing) // workers)
-        logger.warning("building %d CPU kernels in parallel (%s): about %.0f s", len(missing),
-                       ", ".join(missing), rounds * max(expected_build_seconds(n) for n in missing))
-    pending = list(missing)
-    while pending:
-        batch, pending = pending[:workers], pending[workers:]
-        children = [subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build",
-                                      "--only", name], preexec_fn=builder_preexec)
-                    for name in batch]
-        for name, child in zip(batch, children):
-            if child.wait() != 0:
-                logger.warning("parallel build of CPU kernel %s failed (exit %s)", name, child.returncode)
+        about = schedule_seconds([expected_build_seconds(n) for n in pending], workers)
+        logger.warning("building %d CPU kernels, %d at a time (%s): about %.0f s", len(missing),
+                       workers, ", ".join(pending), about)
+    running: dict[str, subprocess.Popen] = {}
+    while pending or running:
+        while pending and len(running) < workers:
+            name = pending.pop(0)
+            running[name] = subprocess.Popen([sys.executable, "-m", "radixlm.cpu_kernels.build",
+                                              "--only", name], preexec_fn=builder_preexec)
+        for name, child in list(running.items()):
+            if child.poll() is not None:
+                del running[name]
+                if child.returncode != 0:
+                    logger.warning("parallel build of CPU kernel %s failed (exit %s)", name,
+                                   child.returncode)
+        if running and (len(running) == workers or not pending):  # none to start now
+            time.sleep(poll_seconds)
 
 
 def load_all_kernels() -> dict[str, bool]:

@@ -69,7 +69,7 @@ def test_parallel_builders_die_with_their_parent(monkeypatch: pytest.MonkeyPatch
         def __init__(self, cmd: list[str], **kwargs: object) -> None:
             started.append(kwargs)
 
-        def wait(self) -> int:
+        def poll(self) -> int:
             return 0
 
     monkeypatch.setattr(build, "kernel_names", lambda: ["a", "b"])
@@ -80,6 +80,48 @@ def test_parallel_builders_die_with_their_parent(monkeypatch: pytest.MonkeyPatch
     build.build_missing_in_parallel()
     assert len(started) == 2
     assert all(kw.get("preexec_fn") is build.builder_preexec for kw in started)
+
+
+def test_parallel_builds_start_the_next_as_soon_as_one_finishes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two cores, three kernels: the longest expected build starts first, and the third
+    starts when the first to finish does, not when the slower one of a pair does."""
+    monkeypatch.setattr(build, "cache_root", lambda: tmp_path)
+    (tmp_path / "cpu_kernels").mkdir()
+    for name, seconds in {"short": 10, "long": 50, "mid": 20}.items():
+        build._seconds_file(name).write_text(str(seconds))
+    events: list[str] = []
+    children: dict[str, "Child"] = {}
+
+    class Child:
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            self.name = cmd[-1]
+            self.returncode: int | None = None
+            self.polls = 0
+            children[self.name] = self
+            events.append(f"start {self.name}")
+
+        def poll(self) -> int | None:
+            # "mid" ends at its second poll, "short" at its first, "long" once it is alone.
+            self.polls += 1
+            others = [c for c in children.values() if c is not self and c.returncode is None]
+            done = {"mid": self.polls >= 2, "short": True, "long": not others}[self.name]
+            if done and self.returncode is None:
+                self.returncode = 0
+                events.append(f"end {self.name}")
+            return self.returncode
+
+    monkeypatch.setattr(build, "kernel_names", lambda: ["short", "long", "mid"])
+    monkeypatch.setattr(build, "is_built", lambda name: False)
+    monkeypatch.setattr(build, "_disabled", lambda name: False)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(build.subprocess, "Popen", Child)
+    build.build_missing_in_parallel(poll_seconds=0)
+    assert events == ["start long", "start mid", "end mid", "start short", "end short",
+                      "end long"]
+    assert build.build_order(["short", "long", "mid"]) == ["long", "mid", "short"]
+    assert build.schedule_seconds([50, 20, 10], 2) == 50
+    assert build.schedule_seconds([10, 20, 50], 2) == 60
 
 
 # The parent: ignores SIGTERM as a scheduler process does (its children inherit that),
