@@ -84,7 +84,9 @@ class ServerArgs:
         "kernel (~1.3x faster at one row, one copy of the int4 weights) instead of the "
         "kernels taking bf16 activations; in float32 runs (AVX2) every call on the groups_f32 "
         "kernel, no dense float32 copy (1.1-1.4x faster decode steps, 1.4x prefill). Larger "
-        "logit error on the default model: docs/benchmarks.md.")
+        "logit error on the default model, and greedy outputs that depend on chunked "
+        "prefill, prefix caching and speculative verification (x's int8 rounding turns "
+        "their float rounding differences into ~5% of the logits): docs/benchmarks.md.")
     max_prefill_tokens: int = _opt(8192, "Max prompt tokens admitted in one prefill batch.")
     chunked_prefill_size: int | None = _opt(
         None, "Max prompt tokens computed per step; longer prompts are prefilled in chunks. "
