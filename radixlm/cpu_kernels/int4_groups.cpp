@@ -403,7 +403,7 @@ std::vector<torch::Tensor> int4_quantize_rows(torch::Tensor x, bool blocked) {
   auto sx = torch::empty({M, K / kGroup}, x.options().dtype(torch::kFloat));
   auto sq = torch::empty({M, K / kGroup}, x.options().dtype(torch::kFloat));
   quantize(x, blocked, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), sq.data_ptr<float>());
-  return {xq, sx, sq * 4.f};
+  return {xq, sx, sq.mul_(4.f)};
 }
 
 torch::Tensor int4_group_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor d,
