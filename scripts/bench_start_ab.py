@@ -16,42 +16,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
-from radixlm.bench.cold_start import first_completion, free_port, stop_server
+from radixlm.bench.cold_start import first_completion, free_port
 from radixlm.bench.report import machine_info
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
+from radixlm.bench.server_proc import LaunchedServer, ServerSpec
 
 
 def one_start(tree: str, flags: list[str], timeout_s: float = 300) -> tuple[float, float]:
     """(seconds to /health 200, seconds to the first completion token) of one server."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=tree)
+    cmd = (sys.executable, "-m", "radixlm", "serve", "--port", str(port), *flags)
+    spec = ServerSpec(os.path.basename(tree), cmd, port, "radixlm", env={"PYTHONPATH": tree})
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "radixlm", "serve", "--port", str(port),
-                             *flags], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        while not _healthy(port):
-            if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
-                raise RuntimeError(f"server from {tree} did not start (exit {proc.poll()})")
-            time.sleep(0.05)
+    with LaunchedServer(spec, timeout_s=timeout_s, poll_s=0.05):
         healthy = time.monotonic() - t0
         if not first_completion(port, timeout_s=60):
             raise RuntimeError(f"server from {tree} answered no completion")
         return healthy, time.monotonic() - t0
-    finally:
-        stop_server(proc)
 
 
 def main() -> None:
